@@ -1,0 +1,147 @@
+"""The ``mlresearch`` command line.
+
+    mlresearch new gpt2 --out DIR --layers 4 --heads 4 --hidden 128 [--set vocab_size=8192]
+    mlresearch map coalesce    --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
+    mlresearch map decoalesce  --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
+    mlresearch map interpolate --src DIR --with DIR --out DIR (--alpha A | --adaptive [tensor|row])
+
+Every output directory is written to a temporary sibling and renamed only on success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Sequence
+
+from .errors import MLResearchError
+
+
+def _scheme_for(args: argparse.Namespace, model, down: bool):
+    from .families import family_of
+    from .operators import Scheme
+
+    if args.scheme:
+        return Scheme.from_json(args.scheme)
+    depth = None if args.depth == "none" else args.depth
+    if down:
+        return Scheme.halving(model, width=not args.no_width, depth=depth)
+    # De-coalescing with --halving: the scheme of the model twice this one's size.
+    sizes = family_of(model).sizes(model)
+    heads = sizes.heads * (1 if args.no_width else 2)
+    layers = sizes.layers * (2 if depth else 1)
+    return Scheme.halving(heads=heads, layers=layers, width=not args.no_width, depth=depth)
+
+
+def _cmd_map(args: argparse.Namespace) -> int:
+    from .checkpoint import load_model, save_model
+    from .families import family_of
+    from .operators import coalesce, decoalesce, interpolate
+
+    start = time.perf_counter()
+    model = load_model(args.src)
+    if args.op == "interpolate":
+        other = load_model(getattr(args, "with"))
+        adaptive = args.adaptive or False
+        result = interpolate(model, other, alpha=args.alpha, adaptive=adaptive)
+        what = f"adaptive ({adaptive})" if adaptive else f"alpha={args.alpha}"
+    else:
+        scheme = _scheme_for(args, model, down=args.op == "coalesce")
+        result = (coalesce if args.op == "coalesce" else decoalesce)(model, scheme)
+        what = f"scheme {scheme.to_dict()}"
+    save_model(result, args.out, overwrite=args.overwrite)
+    family = family_of(result)
+    before, after = family.sizes(model), family.sizes(result)
+    print(f"{args.op}: {args.src} -> {args.out} with {what}")
+    print(f"  {before} -> {after}; {time.perf_counter() - start:.2f}s")
+    return 0
+
+
+def _parse_setting(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def _cmd_new(args: argparse.Namespace) -> int:
+    import torch
+
+    from .checkpoint import save_model
+    from .families import FAMILIES, Sizes
+
+    torch.manual_seed(args.seed)
+    sizes = Sizes(layers=args.layers, heads=args.heads, kv_heads=args.kv_heads or args.heads, hidden=args.hidden,
+                  ffn=args.ffn or 4 * args.hidden, head_dim=args.hidden // args.heads)
+    model = FAMILIES[args.family].new(sizes, **dict(args.set))
+    save_model(model, args.out, overwrite=args.overwrite)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"new {args.family} ({type(model).__name__}, {n / 1e6:.2f} M params) -> {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mlresearch", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    from .families import FAMILIES
+
+    p = sub.add_parser("new", help="write a randomly initialised model of a given size")
+    p.add_argument("family", choices=sorted(FAMILIES))
+    p.add_argument("--out", required=True)
+    p.add_argument("--layers", type=int, required=True)
+    p.add_argument("--heads", type=int, required=True)
+    p.add_argument("--hidden", type=int, required=True)
+    p.add_argument("--ffn", type=int, help="default: 4 x hidden")
+    p.add_argument("--kv-heads", type=int, help="key/value heads (llama GQA); default: heads")
+    p.add_argument("--set", type=_parse_setting, action="append", default=[], metavar="KEY=VALUE",
+                   help="any other config/constructor option, e.g. vocab_size=8192")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_cmd_new)
+
+    p = sub.add_parser("map", help="apply an operator to checkpoint directories")
+    ops = p.add_subparsers(dest="op", required=True)
+    for op in ("coalesce", "decoalesce"):
+        q = ops.add_parser(op, help=f"{op} a checkpoint")
+        q.add_argument("--src", required=True, help="checkpoint directory (config.json + model.safetensors)")
+        q.add_argument("--out", required=True, help="output directory")
+        g = q.add_mutually_exclusive_group(required=True)
+        g.add_argument("--scheme", help="scheme JSON ({'width_scheme': [[0,6],...], 'depth_scheme': [[0,1],...]})")
+        g.add_argument("--halving", action="store_true", help="the paper's default halving scheme")
+        q.add_argument("--depth", choices=("adjacent", "stack", "none"), default="adjacent",
+                       help="with --halving: depth pairing (default: adjacent layers 2i, 2i+1)")
+        q.add_argument("--no-width", action="store_true", help="with --halving: keep the width")
+        q.add_argument("--overwrite", action="store_true")
+    q = ops.add_parser("interpolate", help="(1-alpha)*SRC + alpha*WITH")
+    q.add_argument("--src", required=True, help="the model before coalescing (M1)")
+    q.add_argument("--with", required=True, help="the de-coalesced model")
+    q.add_argument("--out", required=True)
+    g = q.add_mutually_exclusive_group(required=True)
+    g.add_argument("--alpha", type=float)
+    g.add_argument("--adaptive", nargs="?", const="tensor", choices=("tensor", "row"),
+                   help="normalise WITH's tensors to SRC's norms, then merge 0.5/0.5")
+    q.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_cmd_map)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-shard bars add noise to one-line reports
+    try:
+        return args.func(args)
+    except (MLResearchError, FileExistsError, ValueError, TypeError) as exc:
+        print(f"mlresearch: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

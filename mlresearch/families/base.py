@@ -1,0 +1,207 @@
+"""What a family is: a declarative table of parameter axes plus a few architecture facts.
+
+A family names, for every parameter, the role of each tensor dimension (see
+:mod:`mlresearch.operators.axes`), says where the blocks live (the layer axis), and knows how to
+read and change its sizes in a config and build a model from it. All operators (coalesce,
+de-coalesce, interpolate, growth, optimizer-state maps) are written once against this interface.
+
+The special role ``"final_norm"`` marks the norm that feeds the output head: it behaves as a
+normal hidden output when the head is untied, and as a hidden *input* (split on de-coalescing)
+when the head is tied to the input embedding. Splitting the norm instead of scaling the tied
+embedding keeps the function exact (the reference code's x0.5 embedding does not).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedModelError
+
+
+@dataclass(frozen=True)
+class Sizes:
+    layers: int
+    heads: int
+    kv_heads: int
+    hidden: int
+    ffn: int
+    head_dim: int
+
+    def replace(self, **changes: int) -> "Sizes":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to build a model again: its class and its config (an HF config or a kwargs dict)."""
+
+    cls: type
+    config: Any
+
+
+@dataclass(frozen=True)
+class Located:
+    layer: int | None  # block index, or None for parameters outside the blocks
+    rel: str  # name inside the block (or the full name)
+    roles: tuple
+
+
+def _compile(table: dict[str, tuple]) -> list[tuple[re.Pattern, tuple]]:
+    return [(re.compile(pattern), roles) for pattern, roles in table.items()]
+
+
+class Family:
+    """Base class. Subclasses fill in the tables and the config facts."""
+
+    name: str = ""
+    layers: str = ""  # dotted path of the nn.ModuleList of blocks
+    block_params: dict[str, tuple] = {}  # regex on the name inside a block -> roles per dim
+    top_params: dict[str, tuple] = {}  # regex on the full name -> roles per dim
+
+    def __init__(self) -> None:
+        self._block = _compile(self.block_params)
+        self._top = _compile(self.top_params)
+
+    # ---- facts each family supplies -------------------------------------------------
+    def matches(self, model: nn.Module) -> bool:
+        raise NotImplementedError
+
+    def recipe(self, model: nn.Module) -> Recipe:
+        raise NotImplementedError
+
+    def sizes(self, model_or_recipe: nn.Module | Recipe) -> Sizes:
+        raise NotImplementedError
+
+    def resize(self, recipe: Recipe, sizes: Sizes) -> Recipe:
+        raise NotImplementedError
+
+    def build(self, recipe: Recipe) -> nn.Module:
+        raise NotImplementedError
+
+    def head_tied(self, model: nn.Module) -> bool:
+        return False
+
+    def new(self, sizes: Sizes, **options: Any) -> nn.Module:
+        """A randomly initialised model of ``sizes``; ``options`` go to its config/constructor."""
+        raise NotImplementedError
+
+    def save(self, model: nn.Module, directory) -> None:
+        raise NotImplementedError
+
+    # ---- shared machinery ----------------------------------------------------------
+    def _recipe(self, model_or_recipe: nn.Module | Recipe) -> Recipe:
+        return model_or_recipe if isinstance(model_or_recipe, Recipe) else self.recipe(model_or_recipe)
+
+    def layer_name(self, layer: int, rel: str) -> str:
+        return f"{self.layers}.{layer}.{rel}"
+
+    def locate(self, name: str, tied: bool) -> Located:
+        """Find a parameter's layer and axis roles; unknown names are an error, not a skip."""
+        prefix = self.layers + "."
+        if name.startswith(prefix):
+            index, rel = name[len(prefix):].split(".", 1)
+            layer, table = int(index), self._block
+        else:
+            layer, rel, table = None, name, self._top
+        for pattern, roles in table:
+            if pattern.fullmatch(rel):
+                roles = tuple(("hidden_in" if tied else "hidden") if r == "final_norm" else r for r in roles)
+                return Located(layer, rel, roles)
+        raise UnsupportedModelError(
+            f"family {self.name!r} has no axis rule for parameter {name!r}; "
+            "the model uses a feature this family spec does not cover"
+        )
+
+    def instantiate(self, recipe: Recipe, state: dict[str, torch.Tensor], like: nn.Module) -> nn.Module:
+        """Build the model on the meta device and adopt ``state`` (no random init, no copy).
+
+        Buffers (causal masks, rotary frequencies, position ids) are taken from ``like`` by name,
+        or from ``like``'s first block for block buffers when depth changed.
+        """
+        with torch.device("meta"):
+            model = self.build(recipe)
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        if unexpected:
+            raise RuntimeError(f"{self.name}: mapped parameters the new model does not have: {unexpected}")
+        self.tie(model)
+        source = dict(like.named_buffers())
+        for module_name, module in model.named_modules():
+            for buffer_name, buffer in list(module._buffers.items()):
+                if buffer is None or not buffer.is_meta:
+                    continue
+                full = f"{module_name}.{buffer_name}" if module_name else buffer_name
+                found = source.get(full)
+                if found is None and full.startswith(self.layers + "."):
+                    found = source.get(self.layer_name(0, full[len(self.layers) + 1:].split(".", 1)[1]))
+                if found is None or found.shape != buffer.shape:
+                    raise RuntimeError(f"{self.name}: no source for buffer {full} of shape {tuple(buffer.shape)}")
+                module._buffers[buffer_name] = found.clone()
+        left = [n for n, p in model.named_parameters() if p.is_meta]
+        if left:
+            raise RuntimeError(f"{self.name}: parameters left unset after mapping: {left} (missing: {missing})")
+        model.train(like.training)
+        return model
+
+    def tie(self, model: nn.Module) -> None:
+        pass
+
+
+class HFFamily(Family):
+    """A Hugging Face transformers family: sizes live in ``model.config`` under these keys."""
+
+    classes: tuple[str, ...] = ()  # model classes this spec describes; the first is built by new()
+    config_class: str = ""
+    config_keys: dict[str, str] = {}  # Sizes field -> config attribute
+
+    def matches(self, model: nn.Module) -> bool:
+        return type(model).__name__ in self.classes and hasattr(model, "config")
+
+    def recipe(self, model: nn.Module) -> Recipe:
+        return Recipe(type(model), model.config)
+
+    def _get(self, config: Any, field: str) -> int:
+        key = self.config_keys.get(field)
+        return getattr(config, key) if key else None
+
+    def sizes(self, model_or_recipe: nn.Module | Recipe) -> Sizes:
+        config = self._recipe(model_or_recipe).config
+        heads = self._get(config, "heads")
+        hidden = self._get(config, "hidden")
+        kv = self._get(config, "kv_heads") or heads
+        ffn = self._get(config, "ffn") or 4 * hidden
+        head_dim = self._get(config, "head_dim") or hidden // heads
+        return Sizes(self._get(config, "layers"), heads, kv, hidden, ffn, head_dim)
+
+    def resize(self, recipe: Recipe, sizes: Sizes) -> Recipe:
+        config = copy.deepcopy(recipe.config)
+        for field, key in self.config_keys.items():
+            setattr(config, key, getattr(sizes, field))
+        return Recipe(recipe.cls, config)
+
+    def build(self, recipe: Recipe) -> nn.Module:
+        return recipe.cls(recipe.config)
+
+    def new(self, sizes: Sizes, **options: Any) -> nn.Module:
+        import transformers
+
+        config_cls = getattr(transformers, self.config_class)
+        values = {key: getattr(sizes, field) for field, key in self.config_keys.items()}
+        return getattr(transformers, self.classes[0])(config_cls(**values, **options))
+
+    def head_tied(self, model: nn.Module) -> bool:
+        out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+        return out is not None and inp is not None and out.weight is inp.weight
+
+    def tie(self, model: nn.Module) -> None:
+        model.tie_weights()
+
+    def save(self, model: nn.Module, directory) -> None:
+        model.save_pretrained(directory)
+
+

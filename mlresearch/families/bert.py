@@ -1,0 +1,35 @@
+"""HF BERT for masked LM: post-LN blocks; the MLM decoder is tied to the word embeddings."""
+
+from .base import HFFamily
+
+
+class BERT(HFFamily):
+    name = "bert"
+    classes = ("BertForMaskedLM",)
+    config_class = "BertConfig"
+    layers = "bert.encoder.layer"
+    config_keys = {
+        "layers": "num_hidden_layers",
+        "heads": "num_attention_heads",
+        "hidden": "hidden_size",
+        "ffn": "intermediate_size",
+    }
+    top_params = {
+        r"bert\.embeddings\.(word|position|token_type)_embeddings\.weight": (None, "hidden"),
+        r"bert\.embeddings\.LayerNorm\.(weight|bias)": ("hidden",),
+        r"cls\.predictions\.transform\.dense\.weight": ("hidden", "hidden_in"),
+        r"cls\.predictions\.transform\.dense\.bias": ("hidden",),
+        r"cls\.predictions\.transform\.LayerNorm\.(weight|bias)": ("final_norm",),
+        r"cls\.predictions\.decoder\.weight": (None, "hidden_in"),  # only seen when untied
+        r"cls\.predictions\.(decoder\.)?bias": (None,),
+    }
+    block_params = {
+        r"attention\.self\.(query|key|value)\.weight": ("heads", "hidden_in"),
+        r"attention\.self\.(query|key|value)\.bias": ("heads",),
+        r"attention\.output\.dense\.weight": ("hidden", "heads_in"),
+        r"(attention\.)?output\.dense\.bias": ("hidden",),
+        r"(attention\.)?output\.LayerNorm\.(weight|bias)": ("hidden",),
+        r"intermediate\.dense\.weight": ("ffn", "hidden_in"),
+        r"intermediate\.dense\.bias": ("ffn",),
+        r"output\.dense\.weight": ("hidden", "ffn_in"),
+    }

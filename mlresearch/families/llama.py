@@ -1,0 +1,35 @@
+"""HF LLaMA: RMSNorm, RoPE (per head, so head_dim is kept), SwiGLU MLP, GQA, untied head."""
+
+from .base import HFFamily
+
+
+class Llama(HFFamily):
+    name = "llama"
+    classes = ("LlamaForCausalLM",)
+    config_class = "LlamaConfig"
+    layers = "model.layers"
+    config_keys = {
+        "layers": "num_hidden_layers",
+        "heads": "num_attention_heads",
+        "kv_heads": "num_key_value_heads",
+        "hidden": "hidden_size",
+        "ffn": "intermediate_size",
+        "head_dim": "head_dim",
+    }
+    top_params = {
+        r"model\.embed_tokens\.weight": (None, "hidden"),
+        r"model\.norm\.weight": ("final_norm",),
+        r"lm_head\.weight": (None, "hidden_in"),
+    }
+    block_params = {
+        r"self_attn\.q_proj\.weight": ("heads", "hidden_in"),
+        r"self_attn\.q_proj\.bias": ("heads",),
+        r"self_attn\.[kv]_proj\.weight": ("kv_heads", "hidden_in"),
+        r"self_attn\.[kv]_proj\.bias": ("kv_heads",),
+        r"self_attn\.o_proj\.weight": ("hidden", "heads_in"),
+        r"(self_attn\.o|mlp\.down)_proj\.bias": ("hidden",),
+        r"mlp\.(gate|up)_proj\.weight": ("ffn", "hidden_in"),
+        r"mlp\.(gate|up)_proj\.bias": ("ffn",),
+        r"mlp\.down_proj\.weight": ("hidden", "ffn_in"),
+        r"(input|post_attention)_layernorm\.weight": ("hidden",),
+    }

@@ -1,0 +1,170 @@
+"""Coalescing and de-coalescing (Zou et al., ICLR 2024) on top of the axis engine.
+
+Width: the scheme's head groups also group the hidden and FFN axes "in the same pattern over
+equal chunks" (hidden unit i is the i-th slice of hidden/H entries, likewise for FFN), and GQA
+key/value heads in the groups their query heads imply. Depth: small layer i is the mean of the
+large layers in ``depth[i]``; de-coalescing copies it back to each of them. Width and depth act on
+different axes and commute; we apply width, then depth.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import reduce
+
+import torch
+from torch import nn
+
+from ..errors import SchemeError
+from ..families import Sizes, family_of
+from .axes import Grouping, map_tensor
+from .scheme import Groups, Scheme, check_partition
+
+
+@dataclass(frozen=True)
+class Plan:
+    big: Sizes
+    small: Sizes
+    width: dict[str, Grouping] | None
+    depth: Groups | None
+
+
+def _kv_groups(big: Sizes, groups: Groups) -> Groups:
+    """Key/value head groups implied by query head groups (HF's repeat_kv layout).
+
+    Small query head i must share one small kv head with the large query heads it merges;
+    kv heads linked through any merged query head merge together. Those components must be
+    contiguous runs of equal length over the small query heads, and of equal size.
+    """
+    if big.kv_heads == big.heads:
+        return groups
+    if big.heads % big.kv_heads:
+        raise SchemeError(f"{big.heads} query heads are not a multiple of {big.kv_heads} key/value heads")
+    ratio = big.heads // big.kv_heads
+    parent = list(range(big.kv_heads))
+
+    def find(k: int) -> int:
+        while parent[k] != k:
+            k = parent[k]
+        return k
+
+    kv_of_small = [sorted({h // ratio for h in g}) for g in groups]
+    for kvs in kv_of_small:
+        for k in kvs[1:]:
+            parent[find(k)] = find(kvs[0])
+    order: dict[int, int] = {}
+    small_kv = [order.setdefault(find(kvs[0]), len(order)) for kvs in kv_of_small]
+    n_small_kv = len(order)
+    per = len(groups) // n_small_kv
+    members = [sorted(k for k in range(big.kv_heads) if order.get(find(k)) == c) for c in range(n_small_kv)]
+    if len(groups) % n_small_kv or small_kv != [i // per for i in range(len(groups))] or len({len(m) for m in members}) != 1:
+        raise SchemeError(
+            f"width scheme {list(map(list, groups))} would split the model's {big.kv_heads} key/value heads "
+            f"inconsistently (query heads per kv head: {ratio}); merged query heads must map to one kv head "
+            "each, in contiguous runs of equal length"
+        )
+    return tuple(tuple(m) for m in members)
+
+
+def _large_sizes(small: Sizes, scheme: Scheme) -> Sizes:
+    """The size of the model a scheme de-coalesces ``small`` into."""
+    sizes = small
+    if scheme.width is not None:
+        if len(scheme.width) != small.heads:
+            raise SchemeError(f"width scheme has {len(scheme.width)} groups but the model has {small.heads} heads")
+        g = scheme.width_factor
+        kv = scheme.kv_heads if scheme.kv_heads is not None else small.kv_heads * g
+        sizes = sizes.replace(heads=small.heads * g, hidden=small.hidden * g, ffn=small.ffn * g, kv_heads=kv)
+    if scheme.depth is not None:
+        if len(scheme.depth) != small.layers:
+            raise SchemeError(f"depth scheme has {len(scheme.depth)} groups but the model has {small.layers} layers")
+        sizes = sizes.replace(layers=sum(map(len, scheme.depth)))
+    return sizes
+
+
+def make_plan(sizes: Sizes, scheme: Scheme, down: bool) -> Plan:
+    """Check ``scheme`` against a model of ``sizes`` and work out both ends of the map."""
+    if not isinstance(scheme, Scheme):
+        raise TypeError(f"expected a Scheme, got {type(scheme).__name__}")
+    big = sizes if down else _large_sizes(sizes, scheme)
+    small, width = big, None
+    if scheme.width is not None:
+        groups = scheme.width
+        check_partition(groups, big.heads, "width scheme (heads)", equal_sizes=True)
+        g = len(groups[0])
+        for what, n in (("hidden size", big.hidden), ("FFN size", big.ffn)):
+            if n % big.heads:
+                raise SchemeError(f"{what} {n} is not divisible by the {big.heads} heads the width scheme groups")
+        if scheme.kv_heads is not None and scheme.kv_heads != big.kv_heads:
+            raise SchemeError(f"scheme says the large model has {scheme.kv_heads} kv heads, it has {big.kv_heads}")
+        kv = _kv_groups(big, groups)
+        width = {
+            "heads": Grouping(groups, big.head_dim),
+            "hidden": Grouping(groups, big.hidden // big.heads),
+            "ffn": Grouping(groups, big.ffn // big.heads),
+            "kv_heads": Grouping(kv, big.head_dim),
+        }
+        small = small.replace(heads=len(groups), hidden=big.hidden // g, ffn=big.ffn // g, kv_heads=len(kv))
+    if scheme.depth is not None:
+        check_partition(scheme.depth, big.layers, "depth scheme (layers)", equal_sizes=False)
+        small = small.replace(layers=len(scheme.depth))
+    if not down and small != sizes:
+        raise SchemeError(
+            f"the scheme maps a model of {big} to {small}, not to this model's {sizes}; "
+            "for GQA set the scheme's kv_heads to the large model's key/value head count"
+        )
+    return Plan(big, small, width, scheme.depth)
+
+
+def _map_model(model: nn.Module, scheme: Scheme, down: bool) -> nn.Module:
+    family = family_of(model)
+    recipe = family.recipe(model)
+    plan = make_plan(family.sizes(recipe), scheme, down)
+    tied = family.head_tied(model)
+    state: dict[str, torch.Tensor] = {}
+    blocks: dict[int, dict[str, torch.Tensor]] = defaultdict(dict)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            where = family.locate(name, tied)
+            t = param.detach()
+            if plan.width is not None:
+                t = map_tensor(t, where.roles, plan.width, down, name)
+            if where.layer is None:
+                state[name] = t
+            else:
+                blocks[where.layer][where.rel] = t
+        if plan.depth is None:
+            state.update((family.layer_name(i, rel), t) for i, ts in blocks.items() for rel, t in ts.items())
+        elif down:
+            for i, group in enumerate(plan.depth):
+                for rel in blocks[group[0]]:
+                    total = reduce(torch.add, (blocks[j][rel] for j in group))
+                    state[family.layer_name(i, rel)] = total / len(group) if len(group) > 1 else total
+        else:
+            for i, group in enumerate(plan.depth):
+                for k, j in enumerate(group):
+                    for rel, t in blocks[i].items():
+                        state[family.layer_name(j, rel)] = t if k == 0 else t.clone()
+        sources = {p.data_ptr() for p in model.parameters()}
+        state = {n: (t.clone() if t.data_ptr() in sources else t) for n, t in state.items()}
+    target = plan.small if down else plan.big
+    return family.instantiate(family.resize(recipe, target), state, like=model)
+
+
+def coalesce(model: nn.Module, scheme: Scheme) -> nn.Module:
+    """A new, smaller native model: merged heads/neurons (width) and layers (depth).
+
+    Outputs of a layer are averaged over each group, inputs summed; ``model`` is not modified.
+    """
+    return _map_model(model, scheme, down=True)
+
+
+def decoalesce(model: nn.Module, scheme: Scheme) -> nn.Module:
+    """Map a coalesced model back to the size ``scheme`` came from.
+
+    Outputs are copied to every group member and inputs split evenly, so width de-coalescing
+    preserves the function exactly (also with a tied head); depth de-coalescing copies layers.
+    ``coalesce(decoalesce(m, s), s)`` returns ``m``'s parameters.
+    """
+    return _map_model(model, scheme, down=False)

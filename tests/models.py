@@ -1,0 +1,64 @@
+"""The test matrix: one tiny random model per family (fp32, dropout off). Add a family here."""
+
+from __future__ import annotations
+
+import torch
+
+
+def tiny_gpt2(layers=4, heads=4, hidden=32, tied=True):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=layers, n_head=heads, n_embd=hidden, vocab_size=97, n_positions=32,
+                     bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                     tie_word_embeddings=tied)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def tiny_bert(layers=4, heads=4, hidden=32):
+    from transformers import BertConfig, BertForMaskedLM
+
+    cfg = BertConfig(num_hidden_layers=layers, num_attention_heads=heads, hidden_size=hidden,
+                     intermediate_size=3 * hidden, vocab_size=97, max_position_embeddings=32,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return BertForMaskedLM(cfg).eval()
+
+
+def tiny_llama(layers=4, heads=4, kv_heads=2, hidden=32):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      hidden_size=hidden, intermediate_size=3 * hidden, vocab_size=97,
+                      max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def tiny_vit(layers=4, heads=4, hidden=32):
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(img_size=16, patch_size=4, in_chans=3, num_classes=10, embed_dim=hidden,
+                             depth=layers, num_heads=heads, mlp_ratio=3.0).eval()
+
+
+FACTORIES = {"gpt2": tiny_gpt2, "bert": tiny_bert, "llama": tiny_llama, "vit": tiny_vit}
+
+
+def randomize(model, seed=0):
+    """Random values everywhere (norm gains and biases too), so no symmetry hides a wrong map."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    return model
+
+
+def example_input(model, seed=0, batch=2):
+    g = torch.Generator().manual_seed(seed)
+    if hasattr(model, "patch_embed"):
+        return {"x": torch.randn(batch, 3, 16, 16, generator=g)}
+    return {"input_ids": torch.randint(0, 97, (batch, 12), generator=g)}
+
+
+def outputs(model, inputs):
+    with torch.no_grad():
+        out = model(**inputs)
+    return out if isinstance(out, torch.Tensor) else out.logits
