@@ -23,12 +23,13 @@ def tiny_bert(layers=4, heads=4, hidden=32):
     return BertForMaskedLM(cfg).eval()
 
 
-def tiny_llama(layers=4, heads=4, kv_heads=2, hidden=32):
+def tiny_llama(layers=4, heads=4, kv_heads=2, hidden=32, tied=False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                       hidden_size=hidden, intermediate_size=3 * hidden, vocab_size=97,
-                      max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+                      max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                      tie_word_embeddings=tied)
     return LlamaForCausalLM(cfg).eval()
 
 

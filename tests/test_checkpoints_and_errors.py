@@ -171,3 +171,15 @@ def test_cli_failure_writes_nothing(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "m1"]
     code = main(["map", "coalesce", "--src", str(tmp_path / "m1"), "--out", str(tmp_path / "m1"), "--halving"])
     assert code == 2 and "already exists" in capsys.readouterr().err
+
+
+def test_cli_new_builds_each_family(tmp_path, capsys):
+    assert main(["new", "llama", "--out", str(tmp_path / "l"), "--layers", "2", "--heads", "4", "--kv-heads", "2",
+                 "--hidden", "32", "--ffn", "64", "--set", "vocab_size=50", "--set", "bos_token_id=0",
+                 "--set", "eos_token_id=0"]) == 0
+    model = load_model(tmp_path / "l")
+    c = model.config
+    assert (c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.hidden_size, c.vocab_size) == (2, 4, 2, 32, 50)
+    assert main(["new", "vit", "--out", str(tmp_path / "v"), "--layers", "2", "--heads", "2", "--hidden", "16",
+                 "--set", "img_size=8", "--set", "patch_size=2", "--set", "in_chans=1"]) == 0
+    assert load_model(tmp_path / "v").patch_embed.proj.in_channels == 1

@@ -63,18 +63,27 @@ def test_round_trip_groups_of_three(family):
     assert (ref - got).abs().max() / ref.abs().max() <= 1e-5
 
 
+def test_every_registered_family_is_in_the_test_matrix():
+    from mlresearch.families import FAMILIES as REGISTERED
+
+    assert set(REGISTERED) == set(FACTORIES)
+
+
+VARIANTS = {"gpt2-untied": lambda: FACTORIES["gpt2"](tied=False), "llama-tied": lambda: FACTORIES["llama"](tied=True)}
+
+
 @pytest.mark.parametrize("scheme_kind", ["halving", "permuted"])
-@pytest.mark.parametrize("family", FAMILIES + ["gpt2-untied"])
+@pytest.mark.parametrize("family", FAMILIES + sorted(VARIANTS))
 def test_width_decoalescing_preserves_function(family, scheme_kind):
-    factory = (lambda: FACTORIES["gpt2"](tied=False)) if family == "gpt2-untied" else FACTORIES[family]
-    big = factory()
+    big = VARIANTS.get(family, FACTORIES.get(family))()
+    tied = family_of(big).head_tied(big)
+    assert tied == (family in ("gpt2", "bert", "llama-tied"))
     if scheme_kind == "halving":
         scheme = Scheme.halving(big, depth=None)
     else:  # a non-strided grouping exercises the gather path
         scheme = Scheme(width=[[3, 0], [1, 2]], kv_heads=Scheme.halving(big).kv_heads)
     small = randomize(coalesce(big, scheme), 4)
-    if family == "gpt2-untied":
-        assert small.lm_head.weight is not small.transformer.wte.weight
+    assert family_of(small).head_tied(small) == tied
     x = example_input(big)
     ref, got = outputs(small, x), outputs(decoalesce(small, scheme), x)
     assert ref.shape == got.shape
