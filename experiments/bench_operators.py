@@ -22,18 +22,18 @@ from mlresearch.operators import Scheme, coalesce, decoalesce, interpolate
 
 
 def timed(fn, repeats):
-    times, result = [], None
+    times = []
     for _ in range(repeats):
-        result = None  # free the previous result before timing the next call
         start = time.perf_counter()
         result = fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+        del result  # free it before the next call
+    return statistics.median(times), None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args()
@@ -45,19 +45,24 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     scheme = Scheme.halving(model)
 
-    t_copy, _ = timed(lambda: copy.deepcopy(model.state_dict()), args.repeats)
-    t_coal, small = timed(lambda: coalesce(model, scheme), args.repeats)
-    t_deco, big = timed(lambda: decoalesce(small, scheme), args.repeats)
-    t_ip, _ = timed(lambda: interpolate(model, big, alpha=0.25), args.repeats)
-    total = t_coal + t_deco + t_ip
-
-    rows = {
-        "deepcopy(state_dict)": t_copy,
-        "coalesce": t_coal,
-        "decoalesce": t_deco,
-        "interpolate": t_ip,
-        "all three": total,
+    small = coalesce(model, scheme)
+    big = decoalesce(small, scheme)
+    steps = {
+        "deepcopy(state_dict)": lambda: copy.deepcopy(model.state_dict()),
+        "coalesce": lambda: coalesce(model, scheme),
+        "decoalesce": lambda: decoalesce(small, scheme),
+        "interpolate": lambda: interpolate(model, big, alpha=0.25),
     }
+    # Interleaved rounds, so that drift in the machine's speed hits every step alike.
+    times = {name: [] for name in steps}
+    for _ in range(args.repeats):
+        for name, fn in steps.items():
+            times[name].append(timed(fn, 1)[0])
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    t_copy = med["deepcopy(state_dict)"]
+    total = med["coalesce"] + med["decoalesce"] + med["interpolate"]
+
+    rows = dict(med, **{"all three": total})
     print(f"GPT-2 12L/768/50257 ({n_params / 1e6:.1f} M params), {args.threads} threads, "
           f"median of {args.repeats}, torch {torch.__version__}, {platform.processor() or platform.machine()}")
     for name, t in rows.items():

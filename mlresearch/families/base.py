@@ -13,6 +13,7 @@ embedding keeps the function exact (the reference code's x0.5 embedding does not
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from dataclasses import dataclass, replace
@@ -63,6 +64,8 @@ class Family:
     layers: str = ""  # dotted path of the nn.ModuleList of blocks
     block_params: dict[str, tuple] = {}  # regex on the name inside a block -> roles per dim
     top_params: dict[str, tuple] = {}  # regex on the full name -> roles per dim
+    residual_writers: str = ""  # regex: block params whose output is added to the residual stream
+    norm_position: str = "pre"  # "pre": x + f(norm(x)), zero writers make a block the identity
 
     def __init__(self) -> None:
         self._block = _compile(self.block_params)
@@ -98,6 +101,9 @@ class Family:
     def _recipe(self, model_or_recipe: nn.Module | Recipe) -> Recipe:
         return model_or_recipe if isinstance(model_or_recipe, Recipe) else self.recipe(model_or_recipe)
 
+    def writes_residual(self, rel: str) -> bool:
+        return bool(self.residual_writers) and re.fullmatch(self.residual_writers, rel) is not None
+
     def layer_name(self, layer: int, rel: str) -> str:
         return f"{self.layers}.{layer}.{rel}"
 
@@ -124,7 +130,7 @@ class Family:
         Buffers (causal masks, rotary frequencies, position ids) are taken from ``like`` by name,
         or from ``like``'s first block for block buffers when depth changed.
         """
-        with torch.device("meta"):
+        with torch.device("meta"), self.skip_init():
             model = self.build(recipe)
         missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
         if unexpected:
@@ -150,6 +156,10 @@ class Family:
 
     def tie(self, model: nn.Module) -> None:
         pass
+
+    def skip_init(self):
+        """A context in which building a model skips weight initialisation (it is replaced)."""
+        return contextlib.nullcontext()
 
 
 class HFFamily(Family):
@@ -200,6 +210,13 @@ class HFFamily(Family):
 
     def tie(self, model: nn.Module) -> None:
         model.tie_weights()
+
+    def skip_init(self):
+        try:
+            from transformers.initialization import no_init_weights
+        except ImportError:  # older transformers: initialising on meta is only slower
+            return contextlib.nullcontext()
+        return no_init_weights()
 
     def save(self, model: nn.Module, directory) -> None:
         model.save_pretrained(directory)

@@ -8,6 +8,8 @@ class BERT(HFFamily):
     classes = ("BertForMaskedLM",)
     config_class = "BertConfig"
     layers = "bert.encoder.layer"
+    residual_writers = r"(attention\.)?output\.dense\.(weight|bias)"
+    norm_position = "post"  # LN(x + f(x)): a zero f still re-normalises x
     config_keys = {
         "layers": "num_hidden_layers",
         "heads": "num_attention_heads",

@@ -10,6 +10,7 @@ class GPT2(HFFamily):
     classes = ("GPT2LMHeadModel",)
     config_class = "GPT2Config"
     layers = "transformer.h"
+    residual_writers = r"(attn|mlp)\.c_proj\.(weight|bias)"
     config_keys = {"layers": "n_layer", "heads": "n_head", "hidden": "n_embd", "ffn": "n_inner"}
     top_params = {
         r"transformer\.(wte|wpe)\.weight": (None, "hidden"),

@@ -8,6 +8,7 @@ class Llama(HFFamily):
     classes = ("LlamaForCausalLM",)
     config_class = "LlamaConfig"
     layers = "model.layers"
+    residual_writers = r"(self_attn\.o_proj|mlp\.down_proj)\.(weight|bias)"
     config_keys = {
         "layers": "num_hidden_layers",
         "heads": "num_attention_heads",

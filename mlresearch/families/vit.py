@@ -17,6 +17,7 @@ QKV = ("heads", "heads", "heads")
 class ViT(Family):
     name = "vit"
     layers = "blocks"
+    residual_writers = r"(attn\.proj|mlp\.fc2)\.(weight|bias)"
     top_params = {
         r"(cls_token|reg_token|pos_embed)": (None, None, "hidden"),
         r"patch_embed\.proj\.weight": ("hidden", None, None, None),

@@ -23,6 +23,7 @@ GPT-2's ``c_attn`` output (q, k, v) or timm's ``qkv``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Union
@@ -83,6 +84,14 @@ class Grouping:
             owner[list(group)] = i
         return (owner[:, None] * self.chunk + torch.arange(self.chunk)).reshape(-1)
 
+    @cached_property
+    def member_index(self) -> torch.Tensor:
+        """For every large-axis position, which member of its group it is (0..size-1)."""
+        member = torch.empty(self.big, dtype=torch.long)
+        for group in self.groups:
+            member[list(group)] = torch.arange(self.size)
+        return member.repeat_interleave(self.chunk)
+
     def reduce(self, x: torch.Tensor, dim: int, mode: str) -> torch.Tensor:
         """Large -> small along ``dim``: mean (output mode) or sum (input mode) of each group."""
         if self.size == 1 and self.strided:
@@ -107,23 +116,121 @@ def _segments(role: Role) -> tuple:
     return role if isinstance(role, tuple) else (role,)
 
 
+def _modes(roles: tuple[Role, ...]) -> set[str]:
+    return {ROLES[s][1] for r in roles if r is not None for s in _segments(r)}
+
+
+def grad_factor(roles: tuple[Role, ...], width: dict[str, Grouping]) -> float:
+    """How a gradient scales from a small tensor to each entry of its widened copy.
+
+    With every activation duplicated g times and consumed through split inputs, each copy of an
+    activation receives 1/g of the original gradient; a tensor that writes such an activation
+    (it has an output-mode axis) therefore gets 1/g of the original gradient in every entry,
+    the zero off-diagonal blocks of a block-diagonal matrix included. A tensor with only
+    input-mode axes (an untied head, the split norm before a tied head) writes a non-duplicated
+    result and gets the full gradient. Untouched tensors get the full gradient too.
+    """
+    sizes = [width[ROLES[s][0]].size for r in roles if r is not None for s in _segments(r) if ROLES[s][1] == "out"]
+    return 1.0 / sizes[0] if sizes else 1.0
+
+
+HOWS = ("split", "block", "moment", "moment_sq")
+
+
+def _strided_fast_path(x, roles, width, down, how):
+    """All grouped axes single-segment and strided (the paper's pattern): one reshape-reduce or
+    one ``repeat`` for the whole tensor, with the scaling applied to the small side."""
+    if how == "block":
+        return None
+    if any(isinstance(r, tuple) for r in roles):
+        return None
+    dims = [(d, ROLES[r]) for d, r in enumerate(roles) if r is not None]
+    if not dims or not all(width[space].strided for _, (space, _) in dims):
+        return None
+    scale = 1.0
+    for d, (space, mode) in dims:
+        g = width[space]
+        if g.chunk * (g.big if down else g.small) != x.shape[d]:
+            return None  # let the general path raise its clear error
+        if not how.startswith("moment") and mode == "out" and down:
+            scale /= g.size
+        if not how.startswith("moment") and mode == "in" and not down:
+            scale /= g.size
+    if how.startswith("moment"):
+        factor = grad_factor(roles, width) ** (2 if how == "moment_sq" else 1)
+        scale = 1.0 / factor if down else factor
+        if down:
+            scale /= math.prod(width[space].size for _, (space, _) in dims)
+    if down:  # one accumulation over every block of the strided grid: a single read of x
+        blocks = [x]
+        for d, (space, _) in dims:
+            g, n = width[space].size, x.shape[d] // width[space].size
+            blocks = [b.narrow(d, k * n, n) for b in blocks for k in range(g)]
+        y = blocks[0].clone() if len(blocks) == 1 else torch.add(blocks[0], blocks[1])
+        for b in blocks[2:]:
+            y += b
+        return y.mul_(scale) if scale != 1.0 else y
+    # Up: write the scaled, repeated tensor in one pass through a broadcast view.
+    split_shape, src_shape, out_shape = [], [], []
+    for d, n in enumerate(x.shape):
+        g = width[ROLES[roles[d]][0]].size if roles[d] is not None else 1
+        split_shape += [g, n]
+        src_shape += [1, n]
+        out_shape.append(g * n)
+    out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
+    torch.mul(x.reshape(src_shape).expand(split_shape), scale, out=out.view(split_shape))
+    return out
+
+
 def map_tensor(
-    x: torch.Tensor, roles: tuple[Role, ...], width: dict[str, Grouping], down: bool, name: str = "?"
+    x: torch.Tensor,
+    roles: tuple[Role, ...],
+    width: dict[str, Grouping],
+    down: bool,
+    name: str = "?",
+    how: str = "split",
 ) -> torch.Tensor:
     """Apply the width map to every dimension of ``x`` according to its role.
 
-    When expanding, input-mode dimensions go first so that their 1/g scaling touches the
-    smaller tensor.
+    ``how`` says what ``x`` is:
+
+    - ``"split"``: a parameter, mapped as in the module docstring (de-coalescing, coalescing);
+    - ``"block"``: a parameter widened the staged-training way: a matrix with both an output and
+      an input axis becomes block-diagonal (copies on the diagonal blocks, zeros elsewhere);
+      other tensors as ``"split"``. Coalescing a block-diagonal matrix is not defined (``down``
+      must be False);
+    - ``"moment"`` / ``"moment_sq"``: a gradient-like optimizer state (Adam ``exp_avg``, SGD
+      momentum) or its square (``exp_avg_sq``): copied along every axis and scaled by
+      :func:`grad_factor` (squared), so the state equals what the widened model's gradients
+      would have accumulated. Going down is the exact inverse: the mean of the copies, divided
+      by the factor.
     """
+    if how not in HOWS:
+        raise ValueError(f"how must be one of {HOWS}, got {how!r}")
     if len(roles) != x.dim():
         raise ValueError(f"parameter {name}: spec gives {len(roles)} axes, tensor has shape {tuple(x.shape)}")
+    moment = how.startswith("moment")
+    block = how == "block" and {"in", "out"} <= _modes(roles)
+    if how == "block" and down:
+        raise ValueError("block-diagonal widening has no coalescing inverse")
+    fused = [d for d, r in enumerate(roles) if isinstance(r, tuple) and len(set(r)) == 1]
+    if fused and x.shape[fused[0]] % len(roles[fused[0]]) == 0:
+        # k equal segments (q, k, v) = one more untouched axis of size k in front of the role.
+        d, k = fused[0], len(roles[fused[0]])
+        y = map_tensor(x.unflatten(d, (k, -1)), roles[:d] + (None, roles[d][0]) + roles[d + 1:],
+                       width, down, name, how)
+        return y.flatten(d, d + 1)
+    fast = _strided_fast_path(x, roles, width, down, how)
+    if fast is not None:
+        return fast
     order = [d for d, r in enumerate(roles) if r is not None]
     if not down:
         order.sort(key=lambda d: ROLES[_segments(roles[d])[0]][1] != "in")
+    members = {}
     for dim in order:
         role = roles[dim]
         segs = _segments(role)
-        groupings = [(width[ROLES[s][0]], ROLES[s][1]) for s in segs]
+        groupings = [(width[ROLES[s][0]], "out" if (moment or block) else ROLES[s][1]) for s in segs]
         have = x.shape[dim]
         per_seg = [(g.big if down else g.small) * g.chunk for g, _ in groupings]
         if sum(per_seg) != have:
@@ -135,4 +242,15 @@ def map_tensor(
             (g.reduce(p, dim, mode) if down else g.expand(p, dim, mode)) for p, (g, mode) in zip(parts, groupings)
         ]
         x = torch.cat(mapped, dim) if len(mapped) > 1 else mapped[0]
+        if block:
+            members[dim] = torch.cat([g.member_index for g, _ in groupings])
+    if block:
+        (d0, m0), (d1, m1) = members.items()
+        shape0, shape1 = [1] * x.dim(), [1] * x.dim()
+        shape0[d0], shape1[d1] = -1, -1
+        x = x * (m0.view(shape0) == m1.view(shape1)).to(x.dtype)
+    if moment:
+        factor = grad_factor(roles, width) ** (2 if how == "moment_sq" else 1)
+        if factor != 1.0:
+            x = x * (1.0 / factor if down else factor)
     return x

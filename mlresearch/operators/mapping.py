@@ -117,39 +117,88 @@ def make_plan(sizes: Sizes, scheme: Scheme, down: bool) -> Plan:
     return Plan(big, small, width, scheme.depth)
 
 
-def _map_model(model: nn.Module, scheme: Scheme, down: bool) -> nn.Module:
+@dataclass(frozen=True)
+class Move:
+    """Where one parameter of the new model comes from."""
+
+    sources: tuple[str, ...]  # old parameter names (averaged when several: depth coalescing)
+    roles: tuple  # axis roles, for the width map
+    zero: bool = False  # a residual writer of an identity-initialised new block
+
+
+@dataclass
+class Transfer:
+    """The whole map from an old model to a new one, reusable for any per-parameter tensor
+    (the parameters themselves, gradients, optimizer moments)."""
+
+    family: object
+    recipe: object  # the new model's recipe
+    plan: Plan
+    down: bool
+    width_init: str  # "split" (de-coalescing) or "block" (staged-training width growth)
+    moves: dict[str, Move]
+
+    def tensor(self, name: str, old: dict[str, torch.Tensor], kind: str = "param") -> torch.Tensor:
+        """The new model's ``name`` tensor of ``kind`` ("param", "moment", "moment_sq")."""
+        move = self.moves[name]
+        how = self.width_init if kind == "param" else kind
+        mapped = []
+        for source in move.sources:
+            t = old[source].detach()
+            if self.plan.width is not None:
+                t = map_tensor(t, move.roles, self.plan.width, self.down, source, how)
+            mapped.append(t)
+        t = mapped[0] if len(mapped) == 1 else reduce(torch.add, mapped) / len(mapped)
+        if move.zero:
+            return torch.zeros_like(t)
+        if any(t.data_ptr() == old[s].data_ptr() for s in move.sources):
+            t = t.clone()
+        return t
+
+    def build(self, old_model: nn.Module) -> nn.Module:
+        old = dict(old_model.named_parameters())
+        with torch.no_grad():
+            state = {name: self.tensor(name, old) for name in self.moves}
+        return self.family.instantiate(self.recipe, state, like=old_model)
+
+
+def plan_transfer(
+    model: nn.Module,
+    scheme: Scheme,
+    down: bool,
+    width_init: str = "split",
+    identity_layers: frozenset[int] = frozenset(),
+) -> Transfer:
+    """Work out, for every parameter of the mapped model, its sources and axis roles.
+
+    ``identity_layers`` (going up only) are new layers whose residual writers start at zero.
+    """
     family = family_of(model)
     recipe = family.recipe(model)
     plan = make_plan(family.sizes(recipe), scheme, down)
     tied = family.head_tied(model)
-    state: dict[str, torch.Tensor] = {}
-    blocks: dict[int, dict[str, torch.Tensor]] = defaultdict(dict)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            where = family.locate(name, tied)
-            t = param.detach()
-            if plan.width is not None:
-                t = map_tensor(t, where.roles, plan.width, down, name)
-            if where.layer is None:
-                state[name] = t
-            else:
-                blocks[where.layer][where.rel] = t
-        if plan.depth is None:
-            state.update((family.layer_name(i, rel), t) for i, ts in blocks.items() for rel, t in ts.items())
-        elif down:
-            for i, group in enumerate(plan.depth):
-                for rel in blocks[group[0]]:
-                    total = reduce(torch.add, (blocks[j][rel] for j in group))
-                    state[family.layer_name(i, rel)] = total / len(group) if len(group) > 1 else total
+    moves: dict[str, Move] = {}
+    blocks: dict[int, dict[str, tuple]] = defaultdict(dict)
+    for name, _ in model.named_parameters():
+        where = family.locate(name, tied)
+        if where.layer is None:
+            moves[name] = Move((name,), where.roles)
         else:
-            for i, group in enumerate(plan.depth):
-                for k, j in enumerate(group):
-                    for rel, t in blocks[i].items():
-                        state[family.layer_name(j, rel)] = t if k == 0 else t.clone()
-        sources = {p.data_ptr() for p in model.parameters()}
-        state = {n: (t.clone() if t.data_ptr() in sources else t) for n, t in state.items()}
+            blocks[where.layer][where.rel] = where.roles
+    if plan.depth is None:
+        layer_sources = {i: (i,) for i in blocks}
+    elif down:
+        layer_sources = {i: tuple(group) for i, group in enumerate(plan.depth)}
+    else:
+        layer_sources = {j: (i,) for i, group in enumerate(plan.depth) for j in group}
+    for new_layer, old_layers in sorted(layer_sources.items()):
+        zero_here = new_layer in identity_layers
+        for rel, roles in blocks[old_layers[0]].items():
+            sources = tuple(family.layer_name(i, rel) for i in old_layers)
+            zero = zero_here and family.writes_residual(rel)
+            moves[family.layer_name(new_layer, rel)] = Move(sources, roles, zero)
     target = plan.small if down else plan.big
-    return family.instantiate(family.resize(recipe, target), state, like=model)
+    return Transfer(family, family.resize(recipe, target), plan, down, width_init, moves)
 
 
 def coalesce(model: nn.Module, scheme: Scheme) -> nn.Module:
@@ -157,7 +206,7 @@ def coalesce(model: nn.Module, scheme: Scheme) -> nn.Module:
 
     Outputs of a layer are averaged over each group, inputs summed; ``model`` is not modified.
     """
-    return _map_model(model, scheme, down=True)
+    return plan_transfer(model, scheme, down=True).build(model)
 
 
 def decoalesce(model: nn.Module, scheme: Scheme) -> nn.Module:
@@ -167,4 +216,4 @@ def decoalesce(model: nn.Module, scheme: Scheme) -> nn.Module:
     preserves the function exactly (also with a tied head); depth de-coalescing copies layers.
     ``coalesce(decoalesce(m, s), s)`` returns ``m``'s parameters.
     """
-    return _map_model(model, scheme, down=False)
+    return plan_transfer(model, scheme, down=False).build(model)
