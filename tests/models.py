@@ -63,3 +63,11 @@ def outputs(model, inputs):
     with torch.no_grad():
         out = model(**inputs)
     return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def loss_of(model, inputs, seed=0):
+    """A differentiable loss: LM cross-entropy on the inputs, or classification on fixed labels."""
+    if "x" in inputs:
+        labels = torch.randint(0, 10, (inputs["x"].shape[0],), generator=torch.Generator().manual_seed(seed))
+        return torch.nn.functional.cross_entropy(model(**inputs), labels)
+    return model(**inputs, labels=inputs["input_ids"]).loss

@@ -1,7 +1,35 @@
-"""Operators on transformer training states: coalesce, de-coalesce, interpolate."""
+"""Operators on transformer training states: coalesce, de-coalesce, interpolate, growth."""
 
+from .growth import (
+    NotLossPreservingWarning,
+    coalesce_state,
+    decoalesce_state,
+    depth_growth,
+    grow_depth,
+    grow_width,
+    width_growth,
+)
 from .interpolation import interpolate
-from .mapping import coalesce, decoalesce, make_plan
+from .mapping import Transfer, coalesce, decoalesce, make_plan, plan_transfer
+from .optim import UnsupportedOptimizerError, map_optimizer, step_multipliers
 from .scheme import Scheme
 
-__all__ = ["Scheme", "coalesce", "decoalesce", "interpolate", "make_plan"]
+__all__ = [
+    "NotLossPreservingWarning",
+    "Scheme",
+    "Transfer",
+    "UnsupportedOptimizerError",
+    "coalesce",
+    "coalesce_state",
+    "decoalesce",
+    "decoalesce_state",
+    "depth_growth",
+    "grow_depth",
+    "grow_width",
+    "interpolate",
+    "make_plan",
+    "map_optimizer",
+    "plan_transfer",
+    "step_multipliers",
+    "width_growth",
+]

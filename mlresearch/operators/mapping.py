@@ -123,7 +123,8 @@ class Move:
 
     sources: tuple[str, ...]  # old parameter names (averaged when several: depth coalescing)
     roles: tuple  # axis roles, for the width map
-    zero: bool = False  # a residual writer of an identity-initialised new block
+    new: bool = False  # a parameter of an identity-initialised new block (its moments start at 0)
+    zero: bool = False  # a residual writer of such a block
 
 
 @dataclass
@@ -149,7 +150,7 @@ class Transfer:
                 t = map_tensor(t, move.roles, self.plan.width, self.down, source, how)
             mapped.append(t)
         t = mapped[0] if len(mapped) == 1 else reduce(torch.add, mapped) / len(mapped)
-        if move.zero:
+        if move.zero or (move.new and kind != "param"):
             return torch.zeros_like(t)
         if any(t.data_ptr() == old[s].data_ptr() for s in move.sources):
             t = t.clone()
@@ -196,7 +197,7 @@ def plan_transfer(
         for rel, roles in blocks[old_layers[0]].items():
             sources = tuple(family.layer_name(i, rel) for i in old_layers)
             zero = zero_here and family.writes_residual(rel)
-            moves[family.layer_name(new_layer, rel)] = Move(sources, roles, zero)
+            moves[family.layer_name(new_layer, rel)] = Move(sources, roles, zero_here, zero)
     target = plan.small if down else plan.big
     return Transfer(family, family.resize(recipe, target), plan, down, width_init, moves)
 

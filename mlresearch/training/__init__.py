@@ -1,0 +1,1 @@
+"""Training utilities: LR schedules (with restarts after growth), the growth trigger."""
