@@ -21,7 +21,7 @@ from mlresearch.operators import (
     width_growth,
 )
 from mlresearch.operators.axes import grad_factor
-from mlresearch.operators.optim import _reads
+from mlresearch.operators.optim import _reads, clear_step_multipliers
 
 FAMILIES = sorted(FACTORIES)
 PRE_NORM = ["gpt2", "llama", "vit"]
@@ -280,3 +280,6 @@ def test_match_first_step_multipliers(family, opt_name):
     ref, got, unmatched = outputs(model, x), outputs(grown, x), outputs(plain, x)
     assert (ref - got).abs().max() <= 1e-9 * ref.abs().max()
     assert (ref - unmatched).abs().max() > 1e-6 * ref.abs().max()  # without them it does differ
+    clear_step_multipliers(grown_opt)
+    settings = {(g["lr"], g.get("eps"), g["weight_decay"]) for g in grown_opt.param_groups}
+    assert settings == {(g["lr"], g.get("eps"), g["weight_decay"]) for g in plain_opt.param_groups}

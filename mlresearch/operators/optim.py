@@ -109,6 +109,8 @@ def map_optimizer(
         group = {k: v for k, v in optimizer.param_groups[gi].items() if k != "params"}
         for key, m in mult:
             group[key] = group[key] * m
+        if mult:
+            group["step_multipliers"] = dict(mult)
         groups.append(dict(group, params=params))
     new_optimizer = type(optimizer)(groups)  # every group carries all its settings explicitly
     new_optimizer.defaults = dict(optimizer.defaults)
@@ -133,3 +135,10 @@ def map_optimizer(
                     raise UnsupportedOptimizerError(f"no mapping rule for optimizer state {key!r}")
             new_optimizer.state[param] = new_state
     return new_optimizer
+
+
+def clear_step_multipliers(optimizer: Optimizer) -> None:
+    """Undo ``match_first_step``'s multipliers (call after the first step); groups stay split."""
+    for group in optimizer.param_groups:
+        for key, m in group.pop("step_multipliers", {}).items():
+            group[key] = group[key] / m
