@@ -1,5 +1,8 @@
 """The ``mlresearch`` command line.
 
+    mlresearch train   CONFIG [--out DIR] [--resume] [--set key=value]   baseline from scratch
+    mlresearch vcycle  CONFIG [--out DIR] [--resume] [--baseline]        V-cycle (and its baseline)
+    mlresearch compare BASELINE_RUN VCYCLE_RUN                           FLOPs/wall saving
     mlresearch new gpt2 --out DIR --layers 4 --heads 4 --hidden 128 [--set vocab_size=8192]
     mlresearch map coalesce    --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
     mlresearch map decoalesce  --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
@@ -85,11 +88,70 @@ def _cmd_new(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .training.config import load_config
+    from .training.vcycle import run_baseline, run_vcycle
+
+    cfg = load_config(args.config, args.set)
+    if args.command == "train":
+        summary = run_baseline(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
+        _print_summary(summary)
+        return 0
+    base_out = None
+    if args.baseline:
+        from .training.vcycle import default_out
+
+        base_out = default_out(cfg, "baseline")
+        if (base_out / "summary.json").exists():
+            print(f"baseline: reusing {base_out}")
+        else:
+            _print_summary(run_baseline(cfg, base_out, resume=base_out.exists()))
+    summary = run_vcycle(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
+    _print_summary(summary)
+    if base_out is not None:
+        from .training.compare import compare_runs, format_comparison
+        from .training.vcycle import default_out
+
+        print(format_comparison(compare_runs(base_out, args.out or default_out(cfg, "vcycle"))))
+    return 0
+
+
+def _print_summary(summary: dict) -> None:
+    val = summary["final_full_val"]
+    extra = f", val acc {val['val_acc']:.4f}" if "val_acc" in val else ""
+    print(f"{summary['kind']}: {summary['flops_total']:.3e} FLOPs, {summary['wall_total']:.1f} s, "
+          f"full-validation loss {val['val_loss']:.4f}{extra}")
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .training.compare import compare_runs, format_comparison
+
+    print(format_comparison(compare_runs(args.baseline, args.vcycle)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlresearch", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     from .families import FAMILIES
+
+    for name, text in (("train", "train a baseline from scratch"), ("vcycle", "run the V-cycle")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("config", help="YAML config (experiments/configs/*.yaml)")
+        p.add_argument("--out", help="run directory (default results/<experiment>/<run>)")
+        p.add_argument("--resume", action="store_true", help="continue a killed run from its checkpoints")
+        p.add_argument("--overwrite", action="store_true", help="start over in an existing run directory")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value, e.g. train.steps=100")
+        if name == "vcycle":
+            p.add_argument("--baseline", action="store_true",
+                           help="also train (or reuse) the baseline and print the comparison")
+        p.set_defaults(func=_cmd_train)
+    p = sub.add_parser("compare", help="FLOPs and wall time to reach the baseline's final validation loss")
+    p.add_argument("baseline")
+    p.add_argument("vcycle")
+    p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("new", help="write a randomly initialised model of a given size")
     p.add_argument("family", choices=sorted(FAMILIES))

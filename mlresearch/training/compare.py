@@ -1,0 +1,64 @@
+"""Compare a V-cycle run with its baseline from their metrics files.
+
+The target is the baseline's final validation loss. For each run we take the FLOPs (and wall
+time) at the first evaluation whose validation loss is at or below the target; for the V-cycle
+only evaluations of the full-size model after the cycle (its last phase) count. No
+interpolation between evaluations: the saving is measured at points that were evaluated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .engine import read_metrics
+
+
+def _evals(rows, phase: str | None = None):
+    return [r for r in rows if "val_loss" in r and "event" not in r and (phase is None or r["phase"] == phase)]
+
+
+def reach(rows, target: float, phase: str | None = None) -> dict | None:
+    for r in _evals(rows, phase):
+        if r["val_loss"] <= target:
+            return r
+    return None
+
+
+def compare_runs(baseline_dir: str | Path, vcycle_dir: str | Path) -> dict:
+    base, vc = read_metrics(baseline_dir), read_metrics(vcycle_dir)
+    base_evals = _evals(base)
+    if not base_evals:
+        raise ValueError(f"{baseline_dir} has no validation rows")
+    target = base_evals[-1]["val_loss"]
+    final_phase = [r for r in vc if "event" not in r][-1]["phase"]
+    b, v = reach(base, target), reach(vc, target, final_phase)
+    vc_last = _evals(vc, final_phase)[-1]
+    out = {
+        "target_val_loss": target,
+        "baseline_flops": b["flops"], "baseline_wall": b["wall"],
+        "vcycle_final_val_loss": vc_last["val_loss"],
+        "vcycle_total_flops": vc_last["flops"], "vcycle_total_wall": vc_last["wall"],
+        "reached": v is not None,
+    }
+    if "val_acc" in base_evals[-1]:
+        out["baseline_final_val_acc"] = base_evals[-1]["val_acc"]
+        out["vcycle_final_val_acc"] = vc_last.get("val_acc")
+    if v is not None:
+        out.update(vcycle_flops=v["flops"], vcycle_wall=v["wall"],
+                   flops_saving_pct=100 * (1 - v["flops"] / b["flops"]),
+                   wall_saving_pct=100 * (1 - v["wall"] / b["wall"]))
+    return out
+
+
+def format_comparison(c: dict) -> str:
+    lines = [f"target (baseline final val loss): {c['target_val_loss']:.4f}",
+             f"baseline: {c['baseline_flops']:.3e} FLOPs, {c['baseline_wall']:.1f} s"]
+    if c["reached"]:
+        lines += [f"V-cycle reached it at {c['vcycle_flops']:.3e} FLOPs, {c['vcycle_wall']:.1f} s",
+                  f"saving: {c['flops_saving_pct']:.1f}% FLOPs, {c['wall_saving_pct']:.1f}% wall time"]
+    else:
+        lines += [f"V-cycle did NOT reach it: final val loss {c['vcycle_final_val_loss']:.4f} after "
+                  f"{c['vcycle_total_flops']:.3e} FLOPs ({c['vcycle_total_wall']:.1f} s)"]
+    if "baseline_final_val_acc" in c:
+        lines.append(f"val accuracy: baseline {c['baseline_final_val_acc']:.4f}, V-cycle {c['vcycle_final_val_acc']:.4f}")
+    return "\n".join(lines)

@@ -1,0 +1,237 @@
+"""Run configs: YAML files validated into dataclasses, with errors that name the bad key.
+
+A config has ``experiment``, ``seed``, ``task``, ``model``, ``data``, ``train`` (the baseline's
+budget and optimiser) and, for the V-cycle, ``vcycle``. See ``experiments/configs/*.yaml``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import MLResearchError
+
+TASKS = {"causal_lm": ("gpt2", "llama"), "masked_lm": ("bert",), "image_cls": ("vit",)}
+
+
+class ConfigError(MLResearchError, ValueError):
+    """A config key is unknown, missing or has an impossible value."""
+
+
+@dataclass
+class ModelConfig:
+    family: str
+    layers: int
+    heads: int
+    hidden: int
+    ffn: int | None = None
+    kv_heads: int | None = None
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    corpus: Any = field(default_factory=lambda: ["bible", "bbc", "shakespeare"])
+    path: str | None = None
+    text_field: str = "text"
+    tokenizer: str = "train"  # "train" (our own BPE/WordPiece) or "gpt2" (GPT-2's vocabulary)
+    vocab_size: int = 8192
+    seq_len: int = 128
+    val_fraction: float = 0.05
+    test_fraction: float = 0.05
+    max_documents: int | None = None  # use only the first N documents (smoke tests)
+
+
+@dataclass
+class TrainConfig:
+    steps: int
+    batch_size: int
+    lr: float
+    warmup: int = 0
+    schedule: str = "linear"
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.01
+    betas: tuple = (0.9, 0.98)
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0
+    bf16: bool = False
+    grad_checkpointing: bool = False
+    eval_every: int = 50
+    eval_batches: int = 8
+    log_every: int = 10
+    checkpoint_every: int = 100
+    threads: int | None = None
+
+
+@dataclass
+class VCycleConfig:
+    levels: int = 2
+    scheme: str = "halving"  # halving | halving-stack | width-only | path to a scheme JSON
+    alpha: Any = 0.25  # a number in [0, 1], or "adaptive" / "adaptive-row"
+    optimizer: str = "reset"  # reset (the paper) | carry (moments mapped by the growth operators)
+    down_steps: list = field(default_factory=list)  # E_a for levels 1..K-1
+    small_steps: int = 0  # the smallest model's steps
+    up_steps: list = field(default_factory=list)  # continued steps for levels K-1..1 (last = level 1)
+    lr: list | None = None  # peak LR per level 1..K (default: train.lr at every level)
+    down_warmup: list | None = None  # warm-up steps of each E_a phase (default: the whole phase)
+    small_warmup: int = 0
+    up_warmup: list | None = None
+
+
+@dataclass
+class RunConfig:
+    experiment: str
+    task: str
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+    seed: int = 0
+    vcycle: VCycleConfig | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _build(cls, data: Any, where: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} in {where}; allowed: {sorted(names)}")
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise ConfigError(f"missing key(s) {missing} in {where}")
+    return cls(**data)
+
+
+def _positive(value, name: str, zero_ok: bool = False) -> None:
+    if not isinstance(value, int) or value < 0 or (value == 0 and not zero_ok):
+        raise ConfigError(f"{name} must be a {'non-negative' if zero_ok else 'positive'} integer, got {value!r}")
+
+
+def parse_config(raw: dict, source: str = "config") -> RunConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: a config must be a mapping")
+    top = {f.name for f in dataclasses.fields(RunConfig)}
+    unknown = sorted(set(raw) - top)
+    if unknown:
+        raise ConfigError(f"{source}: unknown top-level key(s) {unknown}; allowed: {sorted(top)}")
+    for key in ("experiment", "task", "model", "data", "train"):
+        if key not in raw:
+            raise ConfigError(f"{source}: missing top-level key {key!r}")
+    cfg = RunConfig(
+        experiment=str(raw["experiment"]),
+        task=raw["task"],
+        model=_build(ModelConfig, raw["model"], "model"),
+        data=_build(DataConfig, raw["data"], "data"),
+        train=_build(TrainConfig, raw["train"], "train"),
+        seed=int(raw.get("seed", 0)),
+        vcycle=_build(VCycleConfig, raw["vcycle"], "vcycle") if raw.get("vcycle") is not None else None,
+    )
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    from ..families import FAMILIES
+
+    if cfg.task not in TASKS:
+        raise ConfigError(f"task must be one of {sorted(TASKS)}, got {cfg.task!r}")
+    if cfg.model.family not in FAMILIES:
+        raise ConfigError(f"model.family must be one of {sorted(FAMILIES)}, got {cfg.model.family!r}")
+    if cfg.model.family not in TASKS[cfg.task]:
+        raise ConfigError(f"task {cfg.task} trains {TASKS[cfg.task]} models, not {cfg.model.family}")
+    m = cfg.model
+    for name in ("layers", "heads", "hidden"):
+        _positive(getattr(m, name), f"model.{name}")
+    if m.hidden % m.heads:
+        raise ConfigError(f"model.hidden {m.hidden} is not divisible by model.heads {m.heads}")
+    t = cfg.train
+    _positive(t.steps, "train.steps")
+    _positive(t.batch_size, "train.batch_size")
+    _positive(t.warmup, "train.warmup", zero_ok=True)
+    if t.warmup > t.steps:
+        raise ConfigError(f"train.warmup {t.warmup} exceeds train.steps {t.steps}")
+    if t.schedule not in ("linear", "cosine", "constant"):
+        raise ConfigError(f"train.schedule must be linear, cosine or constant, got {t.schedule!r}")
+    if not (isinstance(t.lr, (int, float)) and t.lr > 0):
+        raise ConfigError(f"train.lr must be a positive number, got {t.lr!r}")
+    if cfg.vcycle is not None:
+        _validate_vcycle(cfg)
+
+
+def _validate_vcycle(cfg: RunConfig) -> None:
+    v = cfg.vcycle
+    if v.levels not in (2, 3, 4):
+        raise ConfigError(f"vcycle.levels must be 2, 3 or 4, got {v.levels}")
+    k = v.levels - 1
+    for name in ("down_steps", "up_steps"):
+        seq = getattr(v, name)
+        if not isinstance(seq, list) or len(seq) != k:
+            raise ConfigError(f"vcycle.{name} needs one entry per level above the smallest ({k}), got {seq!r}")
+        for i, s in enumerate(seq):
+            _positive(s, f"vcycle.{name}[{i}]", zero_ok=name == "down_steps")
+    _positive(v.small_steps, "vcycle.small_steps")
+    for name, n in (("lr", v.levels), ("down_warmup", k), ("up_warmup", k)):
+        seq = getattr(v, name)
+        if seq is not None and (not isinstance(seq, list) or len(seq) != n):
+            raise ConfigError(f"vcycle.{name} needs {n} entries, got {seq!r}")
+    if v.down_warmup and any(w > s for w, s in zip(v.down_warmup, v.down_steps)):
+        raise ConfigError("vcycle.down_warmup exceeds its phase's down_steps")
+    if v.up_warmup and any(w > s for w, s in zip(v.up_warmup, v.up_steps)):
+        raise ConfigError("vcycle.up_warmup exceeds its phase's up_steps")
+    large_steps = v.down_steps[0] + v.up_steps[-1]
+    if large_steps > cfg.train.steps:
+        raise ConfigError(
+            f"budgets do not add up: the V-cycle trains the full model for {v.down_steps[0]} + {v.up_steps[-1]} = "
+            f"{large_steps} steps, more than the baseline's train.steps {cfg.train.steps}"
+        )
+    if v.optimizer not in ("reset", "carry"):
+        raise ConfigError(f"vcycle.optimizer must be 'reset' or 'carry', got {v.optimizer!r}")
+    alpha = v.alpha
+    if isinstance(alpha, str):
+        if alpha not in ("adaptive", "adaptive-row"):
+            raise ConfigError(f"vcycle.alpha must be a number in [0, 1], 'adaptive' or 'adaptive-row', got {alpha!r}")
+    elif not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
+        raise ConfigError(f"vcycle.alpha must lie in [0, 1], got {alpha!r}")
+    scheme_ok = v.scheme in ("halving", "halving-stack", "width-only", "depth-only") or Path(v.scheme).suffix == ".json"
+    if not scheme_ok:
+        raise ConfigError(f"vcycle.scheme must be halving, halving-stack, width-only, depth-only or a .json path, got {v.scheme!r}")
+    # The scheme must fit every level: check sizes by building the models on the meta device.
+    from .models import level_sizes
+
+    level_sizes(cfg)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    for item in overrides or []:
+        _override(raw, item)
+    return parse_config(raw, str(path))
+
+
+def _override(raw: dict, item: str) -> None:
+    """``a.b.c=value`` with a YAML-parsed value."""
+    key, sep, value = item.partition("=")
+    if not sep:
+        raise ConfigError(f"override must look like key.path=value, got {item!r}")
+    node = raw
+    parts = key.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {item!r}: {p} is not a mapping")
+    node[parts[-1]] = yaml.safe_load(value)

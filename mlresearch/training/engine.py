@@ -1,0 +1,250 @@
+"""The training engine: one phase of training, read top to bottom.
+
+A run is a sequence of *phases* (the baseline is one; a V-cycle has one per level visit). Each
+phase trains one model with AdamW (or a carried optimizer) under warm-up + linear/cosine decay,
+through ``accelerate`` (so ``torchrun`` / ``accelerate launch`` give DDP), logs to the run's
+``metrics.jsonl``, adds its FLOPs to the ledger, and checkpoints atomically (model safetensors,
+optimizer, scheduler, RNG, data position, ledger) so that ``--resume`` reproduces an
+uninterrupted run. A non-finite loss stops the run and keeps the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from ..checkpoint import atomic_dir, load_model, save_model
+from ..data.datasets import Data, batch_indices, make_batch
+from ..errors import MLResearchError
+from .config import RunConfig
+from .flops import train_flops_per_example
+from .schedules import WarmupDecay
+
+
+class TrainingDiverged(MLResearchError, RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+@dataclass
+class Phase:
+    name: str
+    level: int
+    steps: int
+    lr: float
+    warmup: int
+
+
+@dataclass
+class Ledger:
+    """Cumulative counters over the whole run (every phase adds to them)."""
+
+    flops: float = 0.0
+    examples: int = 0
+    tokens: int = 0
+    wall: float = 0.0
+    data_step: int = 0  # global batches drawn so far: phases continue one data stream
+
+
+class MetricsLog:
+    """``metrics.jsonl``: one JSON object per line, flushed as written."""
+
+    def __init__(self, path: Path, main: bool = True) -> None:
+        self.path, self.main = path, main
+        self.count = sum(1 for _ in open(path)) if path.exists() else 0
+
+    def write(self, row: dict) -> None:
+        self.count += 1
+        if self.main:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def truncate(self, count: int) -> None:
+        """Drop rows written after a checkpoint (a resumed run writes them again)."""
+        if self.main and self.path.exists():
+            lines = self.path.read_text().splitlines(keepends=True)[:count]
+            tmp = self.path.with_name("." + self.path.name + ".tmp")
+            tmp.write_text("".join(lines))
+            tmp.replace(self.path)
+        self.count = count
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    path = Path(path)
+    path = path / "metrics.jsonl" if path.is_dir() else path
+    if not path.exists():
+        raise FileNotFoundError(f"no metrics file at {path}")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def new_optimizer(model: nn.Module, cfg: RunConfig, lr: float) -> torch.optim.Optimizer:
+    """AdamW; matrices decay, norms/biases/embedding-like vectors do not."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    t = cfg.train
+    return torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                             lr=lr, betas=tuple(t.betas), eps=t.eps)
+
+
+def compute_loss(model: nn.Module, batch: dict, task: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(mean loss, number of correct predictions for classification)."""
+    if task == "image_cls":
+        logits = model(batch["x"])
+        return nn.functional.cross_entropy(logits, batch["labels"]), (logits.argmax(-1) == batch["labels"]).sum()
+    return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss, None
+
+
+def evaluate(model: nn.Module, data: Data, cfg: RunConfig, split: str = "val", batches: int | None = None) -> dict:
+    """Mean loss (and accuracy) over the first ``batches`` fixed batches of ``split``."""
+    x, _ = data.split(split)
+    b = cfg.train.batch_size
+    n = min(len(x), b * (batches or cfg.train.eval_batches))
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, correct, count = 0.0, 0, 0
+    with torch.no_grad():
+        for i, start in enumerate(range(0, n, b)):
+            idx = np.arange(start, min(start + b, n))
+            batch = {k: v.to(device) for k, v in make_batch(data, split, idx, step=10**9 + i, seed=cfg.seed).items()}
+            loss, right = compute_loss(model, batch, data.task)
+            total += loss.item() * len(idx)
+            correct += int(right) if right is not None else 0
+            count += len(idx)
+    model.train(was_training)
+    out = {f"{split}_loss": total / count}
+    if data.task == "image_cls":
+        out[f"{split}_acc"] = correct / count
+    return out
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, ledger: Ledger, log_rows: int) -> None:
+    with atomic_dir(path, overwrite=True) as tmp:
+        save_model(model, tmp / "model")
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(),
+                    "step": step, "ledger": asdict(ledger), "log_rows": log_rows}, tmp / "state.pt")
+
+
+def train_phase(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    phase: Phase,
+    data: Data,
+    cfg: RunConfig,
+    accelerator,
+    log: MetricsLog,
+    ledger: Ledger,
+    ckpt_dir: Path,
+    resume: bool = False,
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Train ``model`` for ``phase.steps`` steps; returns the trained model and its optimizer."""
+    t = cfg.train
+    if t.grad_checkpointing:
+        if hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable()
+        else:
+            model.set_grad_checkpointing(True)
+    if optimizer is None:
+        optimizer = new_optimizer(model, cfg, phase.lr)
+    for group in optimizer.param_groups:  # a carried optimizer keeps its state, takes this phase's LR
+        group["lr"] = group["initial_lr"] = phase.lr
+    schedule = WarmupDecay(phase.warmup, phase.steps, t.schedule, t.min_lr_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    ckpt = ckpt_dir / phase.name
+    start = 0
+    if resume and (ckpt / "state.pt").exists():
+        state = torch.load(ckpt / "state.pt", weights_only=False)
+        model.load_state_dict(load_model(ckpt / "model").state_dict())
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        _set_rng_state(state["rng"])
+        start = state["step"]
+        for k, v in state["ledger"].items():
+            setattr(ledger, k, v)
+        log.truncate(state["log_rows"])
+    accelerator.free_memory()  # drop the previous phase's references
+    model, optimizer = accelerator.prepare(model, optimizer)
+    raw = accelerator.unwrap_model(model)
+    seq = data.train.shape[1] if data.task != "image_cls" else None
+    flops_per_example = train_flops_per_example(raw, seq)
+    tokens_per_example = seq or 1
+    n_train, batch = len(data.train), t.batch_size
+    rank, world = accelerator.process_index, accelerator.num_processes
+    if batch % world:
+        raise MLResearchError(f"train.batch_size {batch} is not divisible by {world} processes")
+    device = accelerator.device
+    kill_after = int(os.environ.get("MLRESEARCH_KILL_AFTER_STEP", "-1"))  # test hook: simulate a crash
+
+    bar = tqdm(range(start, phase.steps), desc=f"{phase.name} (level {phase.level})", disable=not accelerator.is_main_process,
+               initial=start, total=phase.steps, leave=False)
+    for step in bar:
+        tick = time.perf_counter()
+        idx = batch_indices(n_train, batch, ledger.data_step, cfg.seed)[rank::world]
+        inputs = {k: v.to(device) for k, v in make_batch(data, "train", idx, ledger.data_step, cfg.seed).items()}
+        with accelerator.autocast():
+            loss, _ = compute_loss(model, inputs, data.task)
+        mean_loss = accelerator.reduce(loss.detach(), reduction="mean").item()
+        if not math.isfinite(mean_loss):
+            raise TrainingDiverged(
+                f"loss is {mean_loss} in phase {phase.name} at step {step}; stopping. The last good checkpoint is "
+                f"{ckpt if (ckpt / 'state.pt').exists() else 'none (no checkpoint written yet)'}"
+            )
+        accelerator.backward(loss)
+        if t.grad_clip:
+            accelerator.clip_grad_norm_(model.parameters(), t.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        ledger.flops += flops_per_example * batch
+        ledger.examples += batch
+        ledger.tokens += tokens_per_example * batch
+        ledger.data_step += 1
+        ledger.wall += time.perf_counter() - tick
+        done = step + 1
+        row = None
+        if done % t.log_every == 0 or done % t.eval_every == 0 or done == phase.steps:
+            row = {"phase": phase.name, "level": phase.level, "step": done, "train_loss": mean_loss,
+                   "lr": scheduler.get_last_lr()[0], "flops": ledger.flops, "examples": ledger.examples,
+                   "tokens": ledger.tokens, "wall": ledger.wall}
+        if done % t.eval_every == 0 or done == phase.steps:
+            tick = time.perf_counter()
+            row.update(evaluate(raw, data, cfg))
+            ledger.wall += time.perf_counter() - tick  # evaluation time counts as wall time, not FLOPs
+            row["wall"] = ledger.wall
+            bar.set_postfix(val=f"{row['val_loss']:.3f}")
+        if row:
+            log.write(row)
+        if done % t.checkpoint_every == 0 or done == phase.steps:
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                save_checkpoint(ckpt, raw, optimizer, scheduler, done, ledger, log.count)
+            accelerator.wait_for_everyone()
+        if done == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+    bar.close()
+    return accelerator.unwrap_model(model), getattr(optimizer, "optimizer", optimizer)
+
+
+def phase_done(ckpt_dir: Path, phase: Phase) -> bool:
+    path = ckpt_dir / phase.name / "state.pt"
+    return path.exists() and torch.load(path, weights_only=False)["step"] >= phase.steps

@@ -1,0 +1,73 @@
+"""Models and schemes from a run config."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..families import FAMILIES, Sizes
+from ..operators import Scheme, make_plan
+from .config import ConfigError, RunConfig
+
+
+def model_sizes(cfg: RunConfig) -> Sizes:
+    m = cfg.model
+    return Sizes(m.layers, m.heads, m.kv_heads or m.heads, m.hidden, m.ffn or 4 * m.hidden, m.hidden // m.heads)
+
+
+def model_options(cfg: RunConfig, vocab_size: int | None, special: dict | None = None) -> dict:
+    """Config/constructor options the data decides (vocabulary, positions, image shape)."""
+    family, seq = cfg.model.family, cfg.data.seq_len
+    opts: dict = {}
+    if family == "gpt2":
+        eos = (special or {}).get("eos", 0)
+        opts = dict(vocab_size=vocab_size, n_positions=seq, bos_token_id=eos, eos_token_id=eos)
+    elif family == "llama":
+        eos = (special or {}).get("eos", 0)
+        opts = dict(vocab_size=vocab_size, max_position_embeddings=seq, bos_token_id=eos, eos_token_id=eos)
+    elif family == "bert":
+        opts = dict(vocab_size=vocab_size, max_position_embeddings=seq, pad_token_id=(special or {}).get("pad", 0))
+    elif family == "vit":
+        opts = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10)
+    opts.update(cfg.model.options)
+    return opts
+
+
+def build_model(cfg: RunConfig, vocab_size: int | None = 8192, special: dict | None = None,
+                device: str | torch.device | None = None) -> nn.Module:
+    family = FAMILIES[cfg.model.family]
+    if device is not None:
+        with torch.device(device):
+            return family.new(model_sizes(cfg), **model_options(cfg, vocab_size, special))
+    return family.new(model_sizes(cfg), **model_options(cfg, vocab_size, special))
+
+
+def scheme_for(cfg: RunConfig, model: nn.Module | None = None, sizes: Sizes | None = None) -> Scheme:
+    """The scheme that coalesces a model of this level (the fixed halving patterns adapt to size)."""
+    name = cfg.vcycle.scheme
+    kw = {"heads": sizes.heads, "layers": sizes.layers} if model is None else {}
+    if name == "halving":
+        return Scheme.halving(model, **kw)
+    if name == "halving-stack":
+        return Scheme.halving(model, depth="stack", **kw)
+    if name == "width-only":
+        return Scheme.halving(model, depth=None, **kw)
+    if name == "depth-only":
+        return Scheme.halving(model, width=False, **kw)
+    if cfg.vcycle.levels != 2:
+        raise ConfigError("a scheme file fits one model size; use it with vcycle.levels: 2")
+    return Scheme.from_json(name)
+
+
+def level_sizes(cfg: RunConfig) -> list[Sizes]:
+    """Sizes of the models at levels 1..K (raises if the scheme does not fit a level)."""
+    from ..errors import SchemeError
+
+    sizes = [model_sizes(cfg)]
+    for level in range(1, cfg.vcycle.levels):
+        try:
+            scheme = scheme_for(cfg, sizes=sizes[-1])
+            sizes.append(make_plan(sizes[-1], scheme, down=True).small)
+        except SchemeError as exc:
+            raise ConfigError(f"vcycle.scheme does not fit the level-{level} model {sizes[-1]}: {exc}") from exc
+    return sizes

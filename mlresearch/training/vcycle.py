@@ -1,0 +1,206 @@
+"""Baseline and V-cycle runs: phases, operators and the FLOPs ledger, one results directory each.
+
+V-cycle with K levels (Zou et al., A.5.2):
+
+    for k = 1 .. K-1:  train M_k for down_steps[k]; keep M_k as partner_k; M_{k+1} = coalesce(M_k)
+    train M_K for small_steps
+    for k = K-1 .. 1:  M_k = interpolate(partner_k, decoalesce(M_{k+1}), alpha); train M_k for up_steps
+
+The interpolation partner of level k is M_k *as it was right before coalescing* (the reference
+GPT-2 script used the fully trained baseline instead, a bug we do not reproduce). With
+``optimizer: carry`` Adam's moments go down and up with the model (mapped like gradients,
+:mod:`mlresearch.operators.growth`); with ``reset`` every phase starts a fresh AdamW (the paper).
+
+Every run writes ``<out>/config.yaml``, ``provenance.json``, ``metrics.jsonl`` (training rows,
+operator and phase-end events), ``summary.json`` and ``checkpoints/`` (not committed).
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import yaml
+
+from ..checkpoint import load_model, save_model
+from ..data.datasets import load_data
+from ..operators import coalesce, coalesce_state, decoalesce, decoalesce_state, interpolate
+from ..results import REPO, provenance, write_json
+from .config import RunConfig
+from .engine import Ledger, MetricsLog, Phase, evaluate, phase_done, read_metrics, train_phase
+from .models import build_model, scheme_for
+
+
+def default_out(cfg: RunConfig, kind: str) -> Path:
+    if kind == "baseline":
+        name = f"baseline-seed{cfg.seed}"
+    else:
+        v = cfg.vcycle
+        name = f"vcycle-L{v.levels}-{v.scheme}-a{v.alpha}-{v.optimizer}-seed{cfg.seed}"
+    return REPO / "results" / cfg.experiment / name
+
+
+class Run:
+    """Shared plumbing of a baseline or V-cycle run."""
+
+    def __init__(self, cfg: RunConfig, out: Path, resume: bool, overwrite: bool) -> None:
+        from accelerate import Accelerator
+
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        self.cfg, self.out = cfg, Path(out)
+        # cpu=True when there is no GPU: accelerate then treats torchrun's ranks as MULTI_CPU (gloo)
+        self.accelerator = Accelerator(mixed_precision="bf16" if cfg.train.bf16 else "no",
+                                       cpu=not torch.cuda.is_available())
+        main = self.accelerator.is_main_process
+        self.accelerator.wait_for_everyone()  # every rank looks before any rank creates the directory
+        exists = self.out.exists()
+        self.accelerator.wait_for_everyone()
+        if exists and not resume:
+            if not overwrite:
+                raise FileExistsError(f"{self.out} exists; pass --resume to continue it or --overwrite to start over")
+            if main:
+                shutil.rmtree(self.out)
+        self.accelerator.wait_for_everyone()
+        self.ckpt = self.out / "checkpoints"
+        if main:
+            self.ckpt.mkdir(parents=True, exist_ok=True)
+            (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            write_json(self.out / "provenance.json", provenance(cfg.to_dict(), cfg.seed))
+        self.accelerator.wait_for_everyone()
+        self.resume = resume
+        self.log = MetricsLog(self.out / "metrics.jsonl", main)
+        self.ledger = Ledger()
+        torch.manual_seed(cfg.seed)
+        self.data = load_data(cfg.task, asdict(cfg.data), cfg.seed)
+        self.phases: list[dict] = []
+
+    def new_model(self):
+        torch.manual_seed(self.cfg.seed)
+        return build_model(self.cfg, self.data.vocab_size or None, self.data.special)
+
+    def train(self, model, optimizer, phase: Phase):
+        start = dict(flops=self.ledger.flops, wall=self.ledger.wall, examples=self.ledger.examples)
+        if self.resume and phase_done(self.ckpt, phase):
+            state = torch.load(self.ckpt / phase.name / "state.pt", weights_only=False)
+            for k, v in state["ledger"].items():
+                setattr(self.ledger, k, v)
+            trained = load_model(self.ckpt / phase.name / "model")
+            trained.train()
+            opt = None
+            if optimizer is not None or self.cfg.vcycle is None or self.cfg.vcycle.optimizer == "carry":
+                from .engine import new_optimizer
+
+                opt = new_optimizer(trained, self.cfg, phase.lr)
+                opt.load_state_dict(state["optimizer"])
+            self.log.count = state["log_rows"]
+            model, optimizer = trained, opt
+        else:
+            model, optimizer = train_phase(model, optimizer, phase, self.data, self.cfg, self.accelerator, self.log,
+                                           self.ledger, self.ckpt, resume=self.resume)
+        record = {"event": "phase_end", "phase": phase.name, "level": phase.level, "steps": phase.steps,
+                  "flops": self.ledger.flops - start["flops"], "wall": self.ledger.wall - start["wall"],
+                  "examples": self.ledger.examples - start["examples"]}
+        self.phases.append(record)
+        if not (self.resume and self._logged(record)):
+            self.log.write(record)
+        return model, optimizer
+
+    def _logged(self, record) -> bool:
+        if not (self.out / "metrics.jsonl").exists():
+            return False
+        return any(r.get("event") == "phase_end" and r["phase"] == record["phase"] for r in read_metrics(self.out))
+
+    def operator(self, name: str, level: int, fn):
+        """Run an operator and record its wall time (its FLOPs are negligible: one pass over the parameters)."""
+        tick = time.perf_counter()
+        result = fn()
+        seconds = time.perf_counter() - tick
+        self.ledger.wall += seconds
+        row = {"event": "operator", "op": name, "level": level, "seconds": seconds}
+        if not (self.resume and any(r.get("event") == "operator" and r["op"] == name and r["level"] == level
+                                    for r in read_metrics(self.out))):
+            self.log.write(row)
+        return result
+
+    def finish(self, model, kind: str) -> dict:
+        final = evaluate(model, self.data, self.cfg, "val", batches=10**9)
+        test = evaluate(model, self.data, self.cfg, "test", batches=10**9)
+        summary = {"kind": kind, "experiment": self.cfg.experiment, "seed": self.cfg.seed,
+                   "final_full_val": final, "final_test": test, "flops_total": self.ledger.flops,
+                   "wall_total": self.ledger.wall, "examples_total": self.ledger.examples,
+                   "phases": self.phases, "data": self.data.info}
+        if self.accelerator.is_main_process:
+            save_model(model, self.out / "final_model", overwrite=True)
+            write_json(self.out / "summary.json", summary)
+        return summary
+
+
+def run_baseline(cfg: RunConfig, out: Path | None = None, resume: bool = False, overwrite: bool = False) -> dict:
+    run = Run(cfg, out or default_out(cfg, "baseline"), resume, overwrite)
+    t = cfg.train
+    model, _ = run.train(run.new_model(), None, Phase("baseline", 1, t.steps, t.lr, t.warmup))
+    return run.finish(model, "baseline")
+
+
+def run_vcycle(cfg: RunConfig, out: Path | None = None, resume: bool = False, overwrite: bool = False) -> dict:
+    if cfg.vcycle is None:
+        raise ValueError("the config has no vcycle section")
+    v, t = cfg.vcycle, cfg.train
+    run = Run(cfg, out or default_out(cfg, "vcycle"), resume, overwrite)
+    K = v.levels
+    lrs = v.lr or [t.lr] * K
+    carry = v.optimizer == "carry"
+    alpha = v.alpha
+    adaptive = {"adaptive": "tensor", "adaptive-row": "row"}.get(alpha, False) if isinstance(alpha, str) else False
+
+    model, optimizer = run.new_model(), None
+    partners, schemes = {}, {}
+    for k in range(1, K):  # down
+        warm = v.down_warmup[k - 1] if v.down_warmup else v.down_steps[k - 1]
+        if v.down_steps[k - 1] > 0:
+            model, optimizer = run.train(model, optimizer, Phase(f"down{k}", k, v.down_steps[k - 1], lrs[k - 1], warm))
+        partners[k] = copy.deepcopy(model)  # M_k right before coalescing
+        if run.accelerator.is_main_process:
+            save_model(partners[k], run.ckpt / f"partner{k}", overwrite=True)
+        schemes[k] = scheme_for(cfg, model)
+        if carry and optimizer is not None:
+            model, optimizer = run.operator("coalesce", k, lambda: coalesce_state(model, optimizer, schemes[k]))
+        else:
+            model, optimizer = run.operator("coalesce", k, lambda: coalesce(model, schemes[k])), None
+    model.train()
+    model, optimizer = run.train(model, optimizer if carry else None, Phase("small", K, v.small_steps, lrs[K - 1], v.small_warmup))
+    for k in range(K - 1, 0, -1):  # up
+        if carry and optimizer is not None:
+            big, optimizer = run.operator("decoalesce", k, lambda: decoalesce_state(model, optimizer, schemes[k]))
+        else:
+            big, optimizer = run.operator("decoalesce", k, lambda: decoalesce(model, schemes[k])), None
+        merged = run.operator("interpolate", k, lambda: interpolate(
+            partners[k], big, alpha=None if adaptive else float(alpha), adaptive=adaptive))
+        if optimizer is not None:  # carried moments belong to `big`; move them onto `merged` by name
+            optimizer = _rebind(optimizer, big, merged)
+        merged.train()
+        if run.accelerator.is_main_process:
+            save_model(merged, run.ckpt / f"merged{k}", overwrite=True)
+        idx = K - 1 - k
+        warm = v.up_warmup[idx] if v.up_warmup else 0
+        model, optimizer = run.train(merged, optimizer, Phase(f"up{k}", k, v.up_steps[idx], lrs[k - 1], warm))
+        if not carry:
+            optimizer = None
+    return run.finish(model, "vcycle")
+
+
+def _rebind(optimizer, old_model, new_model):
+    """The same optimizer (groups, state) over ``new_model``'s parameters of the same names."""
+    by_name = dict(new_model.named_parameters())
+    name_of = {id(p): n for n, p in old_model.named_parameters()}
+    groups = [dict(g, params=[by_name[name_of[id(p)]] for p in g["params"]]) for g in optimizer.param_groups]
+    new = type(optimizer)(groups)
+    for p in old_model.parameters():
+        if p in optimizer.state:
+            new.state[by_name[name_of[id(p)]]] = optimizer.state[p]
+    return new
