@@ -44,6 +44,7 @@ class DataConfig:
     val_fraction: float = 0.05
     test_fraction: float = 0.05
     max_documents: int | None = None  # use only the first N documents (smoke tests)
+    img_size: int | None = None  # image side for image folders (default: the model's img_size)
 
 
 @dataclass
@@ -96,7 +97,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
-def _build(cls, data: Any, where: str):
+def _check_keys(data: Any, cls, where: str) -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
     names = {f.name for f in dataclasses.fields(cls)}
@@ -108,6 +109,10 @@ def _build(cls, data: Any, where: str):
     missing = [k for k in required if k not in data]
     if missing:
         raise ConfigError(f"missing key(s) {missing} in {where}")
+
+
+def _build(cls, data: Any, where: str):
+    _check_keys(data, cls, where)
     return cls(**data)
 
 
@@ -117,15 +122,7 @@ def _positive(value, name: str, zero_ok: bool = False) -> None:
 
 
 def parse_config(raw: dict, source: str = "config") -> RunConfig:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: a config must be a mapping")
-    top = {f.name for f in dataclasses.fields(RunConfig)}
-    unknown = sorted(set(raw) - top)
-    if unknown:
-        raise ConfigError(f"{source}: unknown top-level key(s) {unknown}; allowed: {sorted(top)}")
-    for key in ("experiment", "task", "model", "data", "train"):
-        if key not in raw:
-            raise ConfigError(f"{source}: missing top-level key {key!r}")
+    _check_keys(raw, RunConfig, f"the top level of {source}")
     cfg = RunConfig(
         experiment=str(raw["experiment"]),
         task=raw["task"],

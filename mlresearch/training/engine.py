@@ -62,12 +62,28 @@ class MetricsLog:
     def __init__(self, path: Path, main: bool = True) -> None:
         self.path, self.main = path, main
         self.count = sum(1 for _ in open(path)) if path.exists() else 0
+        self._board = None
 
     def write(self, row: dict) -> None:
         self.count += 1
         if self.main:
             with open(self.path, "a") as f:
                 f.write(json.dumps(row) + "\n")
+            self._tensorboard(row)
+
+    def _tensorboard(self, row: dict) -> None:
+        """Mirror training rows to TensorBoard when it is installed (x axis: examples seen)."""
+        if self._board is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._board = SummaryWriter(str(self.path.parent / "tensorboard"))
+            except ImportError:
+                self._board = False
+        if self._board and "examples" in row and "event" not in row:
+            for key in ("train_loss", "val_loss", "val_acc", "lr"):
+                if key in row:
+                    self._board.add_scalar(f"{key}/{row['phase']}", row[key], row["examples"])
 
     def truncate(self, count: int) -> None:
         """Drop rows written after a checkpoint (a resumed run writes them again)."""
@@ -201,7 +217,7 @@ def train_phase(
         tick = time.perf_counter()
         idx = batch_indices(n_train, batch, ledger.data_step, cfg.seed)[rank::world]
         inputs = {k: v.to(device) for k, v in make_batch(data, "train", idx, ledger.data_step, cfg.seed).items()}
-        with accelerator.autocast():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.bf16):
             loss, _ = compute_loss(model, inputs, data.task)
         mean_loss = accelerator.reduce(loss.detach(), reduction="mean").item()
         if not math.isfinite(mean_loss):

@@ -53,9 +53,10 @@ class Run:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.cfg, self.out = cfg, Path(out)
-        # cpu=True when there is no GPU: accelerate then treats torchrun's ranks as MULTI_CPU (gloo)
-        self.accelerator = Accelerator(mixed_precision="bf16" if cfg.train.bf16 else "no",
-                                       cpu=not torch.cuda.is_available())
+        # cpu=True when there is no GPU: accelerate then treats torchrun's ranks as MULTI_CPU (gloo).
+        # bf16 is our own torch.autocast in the engine: accelerate's process-wide state would pin
+        # the first run's precision for every later run in the same process.
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         main = self.accelerator.is_main_process
         self.accelerator.wait_for_everyone()  # every rank looks before any rank creates the directory
         exists = self.out.exists()
@@ -76,7 +77,10 @@ class Run:
         self.log = MetricsLog(self.out / "metrics.jsonl", main)
         self.ledger = Ledger()
         torch.manual_seed(cfg.seed)
-        self.data = load_data(cfg.task, asdict(cfg.data), cfg.seed)
+        data_cfg = asdict(cfg.data)
+        if cfg.task == "image_cls" and not data_cfg["img_size"]:
+            data_cfg["img_size"] = cfg.model.options.get("img_size", 28)
+        self.data = load_data(cfg.task, data_cfg, cfg.seed)
         self.phases: list[dict] = []
 
     def new_model(self):
