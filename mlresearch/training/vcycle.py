@@ -31,7 +31,7 @@ from ..data.datasets import load_data
 from ..operators import coalesce, coalesce_state, decoalesce, decoalesce_state, interpolate
 from ..results import REPO, provenance, write_json
 from .config import RunConfig
-from .engine import Ledger, MetricsLog, Phase, evaluate, phase_done, read_metrics, train_phase
+from .engine import Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, read_metrics, train_phase
 from .models import build_model, scheme_for
 
 
@@ -97,8 +97,6 @@ class Run:
             trained.train()
             opt = None
             if optimizer is not None or self.cfg.vcycle is None or self.cfg.vcycle.optimizer == "carry":
-                from .engine import new_optimizer
-
                 opt = new_optimizer(trained, self.cfg, phase.lr)
                 opt.load_state_dict(state["optimizer"])
             self.log.count = state["log_rows"]
