@@ -55,6 +55,19 @@ def atomic_write_text(path: Path, text: str) -> None:
             os.unlink(tmp)
 
 
+def read_structured(path: str | os.PathLike, what: str, error: type[Exception], fmt: str = "json"):
+    """Parse a JSON or YAML file, raising ``error`` that names the file when it is missing or malformed."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{what} {path} does not exist")
+    try:
+        return json.loads(path.read_text()) if fmt == "json" else yaml.safe_load(path.read_text())
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise error(f"{what} {path} is not valid {fmt.upper()}: {exc}") from exc
+
+
 def save_model(model: nn.Module, path: str | os.PathLike, overwrite: bool = False) -> Path:
     """Save ``model`` (any supported family) to a directory with ``model.safetensors``."""
     family = family_of(model)
@@ -70,14 +83,9 @@ def load_model(path: str | os.PathLike) -> nn.Module:
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {path} does not exist")
-    config_file, weights = path / "config.json", path / WEIGHTS
-    for f in (config_file, weights):
-        if not f.is_file():
-            raise CheckpointError(f"checkpoint {path} is incomplete: {f.name} is missing")
-    try:
-        config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"checkpoint {path}: config.json is not valid JSON ({exc})") from exc
+    if not (path / WEIGHTS).is_file():
+        raise CheckpointError(f"checkpoint {path} is incomplete: {WEIGHTS} is missing")
+    config = read_structured(path / "config.json", f"checkpoint {path}:", CheckpointError)
     try:
         if config.get("mlresearch_family"):
             return _load_timm(path, config)

@@ -120,6 +120,13 @@ def test_missing_and_corrupt_checkpoints(tmp_path):
     (good / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="model.safetensors is missing"):
         load_model(good)
+    other = save_model(FACTORIES["gpt2"](), tmp_path / "other")
+    (other / "config.json").write_text("{truncated")
+    with pytest.raises(CheckpointError, match="config.json is not valid JSON"):
+        load_model(other)
+    (other / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="config.json does not exist"):
+        load_model(other)
 
 
 def test_scheme_json_reference_format(tmp_path):

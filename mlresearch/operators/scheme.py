@@ -153,14 +153,9 @@ class Scheme:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "Scheme":
-        path = Path(path)
-        if not path.is_file():
-            raise SchemeError(f"scheme file {path} does not exist")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise SchemeError(f"scheme file {path} is not valid JSON: {exc}") from exc
-        return cls.from_dict(data)
+        from ..checkpoint import read_structured
+
+        return cls.from_dict(read_structured(path, "scheme file", SchemeError))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -208,13 +208,9 @@ def _validate_vcycle(cfg: RunConfig) -> None:
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    from ..checkpoint import read_structured
+
+    raw = read_structured(path, "config file", ConfigError, fmt="yaml")
     for item in overrides or []:
         _override(raw, item)
     return parse_config(raw, str(path))

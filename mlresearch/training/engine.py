@@ -243,10 +243,8 @@ def train_phase(
                    "lr": scheduler.get_last_lr()[0], "flops": ledger.flops, "examples": ledger.examples,
                    "tokens": ledger.tokens, "wall": ledger.wall}
         if done % t.eval_every == 0 or done == phase.steps:
-            tick = time.perf_counter()
+            # Evaluation is neither training FLOPs nor training wall time (runs evaluate at different rates).
             row.update(evaluate(raw, data, cfg))
-            ledger.wall += time.perf_counter() - tick  # evaluation time counts as wall time, not FLOPs
-            row["wall"] = ledger.wall
             bar.set_postfix(val=f"{row['val_loss']:.3f}")
         if row:
             log.write(row)
