@@ -66,6 +66,7 @@ class Family:
     top_params: dict[str, tuple] = {}  # regex on the full name -> roles per dim
     residual_writers: str = ""  # regex: block params whose output is added to the residual stream
     norm_position: str = "pre"  # "pre": x + f(norm(x)), zero writers make a block the identity
+    attention_output: str = ""  # block module whose input is the concatenated per-head attention output
 
     def __init__(self) -> None:
         self._block = _compile(self.block_params)

@@ -9,6 +9,7 @@ class BERT(HFFamily):
     config_class = "BertConfig"
     layers = "bert.encoder.layer"
     residual_writers = r"(attention\.)?output\.dense\.(weight|bias)"
+    attention_output = "attention.output.dense"  # its input is the per-head attention output
     norm_position = "post"  # LN(x + f(x)): a zero f still re-normalises x
     config_keys = {
         "layers": "num_hidden_layers",

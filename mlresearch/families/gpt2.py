@@ -11,6 +11,7 @@ class GPT2(HFFamily):
     config_class = "GPT2Config"
     layers = "transformer.h"
     residual_writers = r"(attn|mlp)\.c_proj\.(weight|bias)"
+    attention_output = "attn.c_proj"  # its input is the per-head attention output
     config_keys = {"layers": "n_layer", "heads": "n_head", "hidden": "n_embd", "ffn": "n_inner"}
     top_params = {
         r"transformer\.(wte|wpe)\.weight": (None, "hidden"),

@@ -9,6 +9,7 @@ class Llama(HFFamily):
     config_class = "LlamaConfig"
     layers = "model.layers"
     residual_writers = r"(self_attn\.o_proj|mlp\.down_proj)\.(weight|bias)"
+    attention_output = "self_attn.o_proj"  # its input is the per-head attention output
     config_keys = {
         "layers": "num_hidden_layers",
         "heads": "num_attention_heads",

@@ -18,6 +18,7 @@ class ViT(Family):
     name = "vit"
     layers = "blocks"
     residual_writers = r"(attn\.proj|mlp\.fc2)\.(weight|bias)"
+    attention_output = "attn.proj"  # its input is the per-head attention output
     top_params = {
         r"(cls_token|reg_token|pos_embed)": (None, None, "hidden"),
         r"patch_embed\.proj\.weight": ("hidden", None, None, None),

@@ -1,0 +1,176 @@
+"""Similarity analysis: CKA against an independent numpy implementation, its invariances, and
+captured attention maps against the model's own computation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from models import FACTORIES, example_input, outputs, randomize
+
+from mlresearch.analysis import MinibatchCKA, capture, head_similarity, layer_similarity, linear_cka, neuron_similarity
+from mlresearch.analysis.metrics import gram, hsic_unbiased, pairwise
+
+
+# ----------------------------------------------------------------------------- CKA
+def numpy_cka(x, y, unbiased):
+    """Kornblith et al.'s linear CKA written out independently in numpy."""
+    x, y = np.asarray(x, np.float64).reshape(len(x), -1), np.asarray(y, np.float64).reshape(len(y), -1)
+    n = len(x)
+    k, l = x @ x.T, y @ y.T
+
+    def hsic(a, b):
+        if not unbiased:
+            h = np.eye(n) - np.ones((n, n)) / n
+            return np.trace(a @ h @ b @ h) / (n - 1) ** 2
+        a, b = a.copy(), b.copy()
+        np.fill_diagonal(a, 0)
+        np.fill_diagonal(b, 0)
+        return (np.trace(a @ b) + a.sum() * b.sum() / ((n - 1) * (n - 2)) - 2 / (n - 2) * a.sum(0) @ b.sum(1)) / (n * (n - 3))
+
+    return hsic(k, l) / np.sqrt(hsic(k, k) * hsic(l, l))
+
+
+@pytest.mark.parametrize("unbiased", [False, True])
+def test_cka_equals_numpy_reference(unbiased):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 12, generator=g)
+    y = x @ torch.randn(12, 7, generator=g) + 0.5 * torch.randn(40, 7, generator=g)
+    assert linear_cka(x, y, unbiased) == pytest.approx(numpy_cka(x.numpy(), y.numpy(), unbiased), abs=1e-10)
+
+
+@pytest.mark.parametrize("unbiased", [False, True])
+def test_cka_self_similarity_and_invariances(unbiased):
+    g = torch.Generator().manual_seed(1)
+    feats = [torch.randn(30, 16, generator=g) for _ in range(3)]
+    m = pairwise(feats, lambda a, b: linear_cka(a, b, unbiased))
+    assert torch.equal(torch.diagonal(m), torch.ones(3, dtype=torch.float64))
+    x = feats[0].double()
+    y = (feats[0] @ torch.randn(16, 16, generator=g) + torch.randn(30, 16, generator=g)).double()
+    q, _ = torch.linalg.qr(torch.randn(16, 16, generator=g, dtype=torch.float64))
+    base = linear_cka(x, y, unbiased)
+    assert linear_cka(x @ q, y, unbiased) == pytest.approx(base, abs=1e-10)
+    assert linear_cka(3.7 * x, y, unbiased) == pytest.approx(base, abs=1e-10)
+
+
+def test_unbiased_cka_of_independent_features_is_near_zero_biased_is_not():
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(60, 2000, generator=g), torch.randn(60, 2000, generator=g)
+    assert abs(linear_cka(x, y, unbiased=True)) < 0.05
+    assert linear_cka(x, y, unbiased=False) > 0.5
+
+
+def test_minibatch_cka_approaches_full_batch():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4000, 20, generator=g)
+    y = torch.tanh(x @ torch.randn(20, 30, generator=g)) + 0.3 * torch.randn(4000, 30, generator=g)
+    acc = MinibatchCKA(2)
+    for i in range(0, 4000, 200):
+        acc.update([x[i:i + 200], y[i:i + 200]])
+    mini = acc.compute()
+    assert mini[0, 0] == 1.0 and mini[1, 1] == 1.0
+    assert abs(float(mini[0, 1]) - linear_cka(x, y, unbiased=True)) < 0.02
+
+
+def test_negative_unbiased_hsic_gives_no_nan():
+    g = torch.Generator().manual_seed(4)
+    found = False
+    for _ in range(50):
+        x, y = torch.randn(6, 3, generator=g), torch.randn(6, 3, generator=g)
+        if hsic_unbiased(gram(x), gram(y)) < 0:
+            found = True
+            value = linear_cka(x, y, unbiased=True)
+            assert np.isfinite(value) and -1.0 <= value <= 0.0
+    assert found
+    assert linear_cka(torch.ones(8, 3), torch.randn(8, 3, generator=g), unbiased=True) == 0.0  # zero variance
+
+
+# ----------------------------------------------------------------------------- capture
+@pytest.mark.parametrize("family", sorted(FACTORIES))
+def test_capture_leaves_outputs_unchanged_and_maps_are_distributions(family):
+    model = randomize(FACTORIES[family](), 0)
+    x = example_input(model)
+    cap = capture(model, x)
+    torch.testing.assert_close(cap.output, outputs(model, x), atol=1e-5, rtol=1e-5)
+    L = len(cap.hidden)
+    assert L == len(cap.attentions) == len(cap.heads) == 4
+    for a in cap.attentions:
+        torch.testing.assert_close(a.sum(-1), torch.ones(a.shape[:-1]), atol=1e-5, rtol=0)
+        if family in ("gpt2", "llama"):  # causal: no weight on future keys
+            assert torch.triu(a, diagonal=1).abs().max() == 0
+    # The captured maps reproduce the model's own per-head outputs: head_out = A @ V.
+    with torch.no_grad():
+        value = _values(model, family, cap, x)
+    for layer in range(L):
+        torch.testing.assert_close(cap.attentions[layer] @ value[layer], cap.heads[layer].transpose(1, 2),
+                                   atol=1e-4, rtol=1e-4)
+
+
+def _values(model, family, cap, inputs):
+    """Per-layer value vectors (B, H, T, hd), recomputed from each block's input with its weights."""
+    def heads(v, n):
+        return v.unflatten(-1, (n, -1)).transpose(1, 2)
+
+    vals = []
+    if family == "vit":
+        x = model.norm_pre(model._pos_embed(model.patch_embed(inputs["x"])))
+        for i, block in enumerate(model.blocks):
+            x = cap.hidden[i - 1] if i else x
+            b, n, _ = x.shape
+            vals.append(block.attn.qkv(block.norm1(x)).reshape(b, n, 3, block.attn.num_heads, -1).permute(2, 0, 3, 1, 4)[2])
+        return vals
+    ids = inputs["input_ids"]
+    if family == "gpt2":
+        x = model.transformer.wte(ids) + model.transformer.wpe(torch.arange(ids.shape[1]))
+        for i, block in enumerate(model.transformer.h):
+            x = cap.hidden[i - 1] if i else x
+            vals.append(heads(block.attn.c_attn(block.ln_1(x)).split(x.shape[-1], dim=-1)[2], block.attn.num_heads))
+    elif family == "bert":
+        x = model.bert.embeddings(input_ids=ids)
+        for i, layer in enumerate(model.bert.encoder.layer):
+            x = cap.hidden[i - 1] if i else x
+            vals.append(heads(layer.attention.self.value(x), model.config.num_attention_heads))
+    elif family == "llama":
+        x = model.model.embed_tokens(ids)
+        c = model.config
+        for i, layer in enumerate(model.model.layers):
+            x = cap.hidden[i - 1] if i else x
+            v = heads(layer.self_attn.v_proj(layer.input_layernorm(x)), c.num_key_value_heads)
+            vals.append(v.repeat_interleave(c.num_attention_heads // c.num_key_value_heads, dim=1))
+    return vals
+
+
+def test_padding_mask_zeroes_padded_keys():
+    model = randomize(FACTORIES["bert"](), 1)
+    ids = torch.randint(5, 90, (2, 10))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 6:] = 0
+    cap = capture(model, {"input_ids": ids, "attention_mask": mask})
+    for a in cap.attentions:
+        assert a[1, :, :, 6:].abs().max() < 1e-6
+        torch.testing.assert_close(a.sum(-1), torch.ones(a.shape[:-1]), atol=1e-5, rtol=0)
+    assert cap.mask.sum() == 16
+    sim = layer_similarity(cap, "cka")
+    assert sim.shape == (4, 4) and torch.allclose(torch.diagonal(sim), torch.ones(4, dtype=torch.float64))
+
+
+def test_similarity_matrices_and_neuron_summary():
+    model = randomize(FACTORIES["gpt2"](), 2)
+    cap = capture(model, example_input(model, batch=4))
+    for metric in ("cka", "cka-unbiased", "cosine"):
+        m = layer_similarity(cap, metric)
+        assert m.shape == (4, 4) and torch.allclose(m, m.T)
+    js = layer_similarity(cap, "attention", kind="attention")
+    assert torch.all(torch.diagonal(js) == 0) and js.max() <= np.log(2) + 1e-9
+    heads = head_similarity(cap, 0, "cosine")
+    assert heads.shape == (4, 4)
+    out = head_similarity(cap, 1, "cka", kind="outputs")
+    assert torch.allclose(torch.diagonal(out), torch.ones(4, dtype=torch.float64))
+    # Neurons duplicated on purpose are found as each other's nearest neighbour.
+    with torch.no_grad():
+        fc = model.transformer.h[0].mlp.c_fc
+        fc.weight[:, 1] = fc.weight[:, 0]
+        fc.bias[1] = fc.bias[0]
+    summary = neuron_similarity(model)
+    assert len(summary) == 4 and summary[0]["max"] == pytest.approx(1.0)
+    assert summary[1]["max"] < 0.99
