@@ -174,3 +174,38 @@ def test_similarity_matrices_and_neuron_summary():
     summary = neuron_similarity(model)
     assert len(summary) == 4 and summary[0]["max"] == pytest.approx(1.0)
     assert summary[1]["max"] < 0.99
+
+
+# ----------------------------------------------------------------------------- similarity-guided schemes
+def test_from_similarity_recovers_identical_head_pairs_and_alike_layers():
+    from mlresearch.operators import Scheme, coalesce
+
+    model = randomize(FACTORIES["gpt2"](layers=4, heads=4, hidden=32), 5)
+    d, hd = 32, 8
+    with torch.no_grad():
+        for i, block in enumerate(model.transformer.h):
+            w, b = block.attn.c_attn.weight, block.attn.c_attn.bias
+            for part in range(3):  # q, k, v: head 3 := head 0, head 2 := head 1
+                for src, dst in ((0, 3), (1, 2)):
+                    cols = slice(part * d + dst * hd, part * d + (dst + 1) * hd)
+                    w[:, cols] = w[:, part * d + src * hd: part * d + (src + 1) * hd]
+                    b[cols] = b[part * d + src * hd: part * d + (src + 1) * hd]
+            if i >= 2:  # identity blocks: layers 1, 2, 3 output the same residual stream
+                for p in (block.attn.c_proj.weight, block.attn.c_proj.bias, block.mlp.c_proj.weight, block.mlp.c_proj.bias):
+                    p.zero_()
+    batches = [example_input(model, seed=s, batch=4) for s in range(2)]
+    scheme = Scheme.from_similarity(model, batches)
+    assert scheme.width == ((0, 3), (1, 2))
+    assert scheme.depth == ((0,), (1, 2, 3))
+    small = coalesce(model, scheme)
+    assert small.config.n_layer == 2 and small.config.n_head == 2
+
+
+def test_group_greedily_with_groups_of_three():
+    from mlresearch.analysis.schemes import contiguous_groups, group_greedily
+
+    sim = torch.eye(6, dtype=torch.float64)
+    for a, b in ((0, 2), (2, 4), (0, 4), (1, 3), (3, 5), (1, 5)):
+        sim[a, b] = sim[b, a] = 0.9
+    assert group_greedily(sim, 3) == [[0, 2, 4], [1, 3, 5]]
+    assert contiguous_groups([0.9, 0.1, 0.8, 0.2, 0.95], 3) == [[0, 1], [2, 3], [4, 5]]

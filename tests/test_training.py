@@ -313,3 +313,14 @@ def test_image_folder_dataset_path(tmp_path):
     summary = run_baseline(cfg, tmp_path / "run")
     assert summary["data"]["images"] == [18, 6, 8]
     assert 0.0 <= summary["final_test"]["test_acc"] <= 1.0
+
+
+@pytest.mark.parametrize("name", ["gpt2", "deit"])
+def test_similarity_guided_scheme_in_the_vcycle(name, tmp_path):
+    cfg = smoke(name, "vcycle.scheme=similarity")
+    run_vcycle(cfg, tmp_path / "vc")
+    rows = read_metrics(tmp_path / "vc")
+    events = [r for r in rows if r.get("event") == "scheme"]
+    assert len(events) == 1 and len(events[0]["width_scheme"]) == cfg.model.heads // 2
+    assert sorted(i for g in events[0]["depth_scheme"] for i in g) == list(range(cfg.model.layers))
+    assert [r["phase"] for r in rows if r.get("event") == "phase_end"] == ["down1", "small", "up1"]

@@ -71,7 +71,7 @@ class TrainConfig:
 @dataclass
 class VCycleConfig:
     levels: int = 2
-    scheme: str = "halving"  # halving | halving-stack | width-only | path to a scheme JSON
+    scheme: str = "halving"  # halving | halving-stack | width-only | depth-only | similarity | a scheme JSON
     alpha: Any = 0.25  # a number in [0, 1], or "adaptive" / "adaptive-row"
     optimizer: str = "reset"  # reset (the paper) | carry (moments mapped by the growth operators)
     down_steps: list = field(default_factory=list)  # E_a for levels 1..K-1
@@ -198,9 +198,9 @@ def _validate_vcycle(cfg: RunConfig) -> None:
             raise ConfigError(f"vcycle.alpha must be a number in [0, 1], 'adaptive' or 'adaptive-row', got {alpha!r}")
     elif not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
         raise ConfigError(f"vcycle.alpha must lie in [0, 1], got {alpha!r}")
-    scheme_ok = v.scheme in ("halving", "halving-stack", "width-only", "depth-only") or Path(v.scheme).suffix == ".json"
-    if not scheme_ok:
-        raise ConfigError(f"vcycle.scheme must be halving, halving-stack, width-only, depth-only or a .json path, got {v.scheme!r}")
+    named = ("halving", "halving-stack", "width-only", "depth-only", "similarity")
+    if v.scheme not in named and Path(v.scheme).suffix != ".json":
+        raise ConfigError(f"vcycle.scheme must be one of {named} or a .json path, got {v.scheme!r}")
     # The scheme must fit every level: check sizes by building the models on the meta device.
     from .models import level_sizes
 

@@ -42,10 +42,17 @@ def build_model(cfg: RunConfig, vocab_size: int | None = 8192, special: dict | N
     return family.new(model_sizes(cfg), **model_options(cfg, vocab_size, special))
 
 
-def scheme_for(cfg: RunConfig, model: nn.Module | None = None, sizes: Sizes | None = None) -> Scheme:
-    """The scheme that coalesces a model of this level (the fixed halving patterns adapt to size)."""
+def scheme_for(cfg: RunConfig, model: nn.Module | None = None, sizes: Sizes | None = None,
+               batches: list[dict] | None = None) -> Scheme:
+    """The scheme that coalesces a model of this level (the fixed halving patterns adapt to size;
+    ``similarity`` measures the model on ``batches``; without a model it stands in for halving,
+    which gives the same sizes)."""
     name = cfg.vcycle.scheme
     kw = {"heads": sizes.heads, "layers": sizes.layers} if model is None else {}
+    if name == "similarity":
+        if model is None:
+            return Scheme.halving(**kw)
+        return Scheme.from_similarity(model, batches or [])
     if name == "halving":
         return Scheme.halving(model, **kw)
     if name == "halving-stack":

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 
@@ -117,6 +118,19 @@ class Run:
             return False
         return any(r.get("event") == "phase_end" and r["phase"] == record["phase"] for r in read_metrics(self.out))
 
+    def probe_batches(self, n: int = 2) -> list[dict]:
+        """Fixed validation batches for measuring similarity (not training data)."""
+        from ..data.datasets import make_batch
+
+        b, total = self.cfg.train.batch_size, len(self.data.val)
+        return [{k: v for k, v in make_batch(self.data, "val", np.arange(i * b, min((i + 1) * b, total)),
+                                             10**9 + i, self.cfg.seed).items() if k != "labels"}
+                for i in range(min(n, max(1, total // b)))]
+
+    def log_event(self, row: dict) -> None:
+        if not (self.resume and row in read_metrics(self.out)):
+            self.log.write(row)
+
     def operator(self, name: str, level: int, fn):
         """Run an operator and record its wall time (its FLOPs are negligible: one pass over the parameters)."""
         tick = time.perf_counter()
@@ -169,7 +183,9 @@ def run_vcycle(cfg: RunConfig, out: Path | None = None, resume: bool = False, ov
         partners[k] = copy.deepcopy(model)  # M_k right before coalescing
         if run.accelerator.is_main_process:
             save_model(partners[k], run.ckpt / f"partner{k}", overwrite=True)
-        schemes[k] = scheme_for(cfg, model)
+        schemes[k] = scheme_for(cfg, model, batches=run.probe_batches())
+        if v.scheme == "similarity":
+            run.log_event({"event": "scheme", "level": k, **schemes[k].to_dict()})
         if carry and optimizer is not None:
             model, optimizer = run.operator("coalesce", k, lambda: coalesce_state(model, optimizer, schemes[k]))
         else:
