@@ -3,6 +3,7 @@
     mlresearch train   CONFIG [--out DIR] [--resume] [--set key=value]   baseline from scratch
     mlresearch vcycle  CONFIG [--out DIR] [--resume] [--baseline]        V-cycle (and its baseline)
     mlresearch compare BASELINE_RUN VCYCLE_RUN                           FLOPs/wall saving
+    mlresearch similarity --run DIR | --model DIR [--data CONFIG] --metric cka --out DIR
     mlresearch new gpt2 --out DIR --layers 4 --heads 4 --hidden 128 [--set vocab_size=8192]
     mlresearch map coalesce    --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
     mlresearch map decoalesce  --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
@@ -130,6 +131,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_similarity(args: argparse.Namespace) -> int:
+    from .analysis.report import similarity_report
+
+    out = similarity_report(args.out, run=args.run, model_dir=args.model, data=args.data, metric=args.metric,
+                            examples=args.examples, overwrite=args.overwrite)
+    print(f"similarity ({args.metric}) -> {out}: " + ", ".join(sorted(p.name for p in out.iterdir())))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlresearch", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -152,6 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("baseline")
     p.add_argument("vcycle")
     p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("similarity", help="inter/intra-layer similarity maps of a run or a model")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", help="a run directory (its snapshots, or final model)")
+    src.add_argument("--model", help="a model checkpoint directory")
+    p.add_argument("--data", help="config whose validation split is the probe (default: the run's config)")
+    p.add_argument("--metric", choices=("cka", "cka-unbiased", "cosine", "attention"), default="cka")
+    p.add_argument("--examples", type=int, default=16, help="validation examples in the probe batch")
+    p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_cmd_similarity)
 
     p = sub.add_parser("new", help="write a randomly initialised model of a given size")
     p.add_argument("family", choices=sorted(FAMILIES))

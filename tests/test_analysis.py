@@ -209,3 +209,28 @@ def test_group_greedily_with_groups_of_three():
         sim[a, b] = sim[b, a] = 0.9
     assert group_greedily(sim, 3) == [[0, 2, 4], [1, 3, 5]]
     assert contiguous_groups([0.9, 0.1, 0.8, 0.2, 0.95], 3) == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_similarity_over_training_cli(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from mlresearch.analysis.over_training import summary_over_training
+    from mlresearch.cli import main
+
+    monkeypatch.setenv("MLRESEARCH_CACHE", str(tmp_path / "cache"))
+    config = str(__import__("pathlib").Path(__file__).resolve().parent.parent / "experiments/configs/deit_smoke.yaml")
+    assert main(["train", config, "--out", str(tmp_path / "run"), "--set", "train.keep_snapshots=true",
+                 "--set", "vcycle=null"]) == 0
+    assert main(["similarity", "--run", str(tmp_path / "run"), "--out", str(tmp_path / "sim")]) == 0
+    frame = pd.read_csv(tmp_path / "sim" / "similarity.csv")
+    assert list(frame.snapshot.unique()) == ["baseline-0000004", "baseline-0000008", "baseline-0000012", "final_model"]
+    assert set(frame.kind) == {"layers", "attention", "heads"}
+    diag = frame[(frame.kind == "layers") & (frame.i == frame.j)]
+    assert (diag.value - 1).abs().max() < 1e-9
+    assert len(summary_over_training(frame)) == 4
+    for name in ("layers.png", "heads.png", "trend.png", "summary.csv"):
+        assert (tmp_path / "sim" / name).stat().st_size > 0
+    assert main(["similarity", "--model", str(tmp_path / "run" / "final_model"), "--metric", "attention",
+                 "--data", config, "--out", str(tmp_path / "sim2")]) == 0
+    js = pd.read_csv(tmp_path / "sim2" / "similarity.csv")
+    assert set(js.metric) == {"js"} and js.value.min() >= 0

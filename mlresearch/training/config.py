@@ -65,6 +65,7 @@ class TrainConfig:
     eval_batches: int = 8
     log_every: int = 10
     checkpoint_every: int = 100
+    keep_snapshots: bool = False  # also keep the model at every checkpoint (for similarity over training)
     threads: int | None = None
 
 

@@ -252,6 +252,8 @@ def train_phase(
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
                 save_checkpoint(ckpt, raw, optimizer, scheduler, done, ledger, log.count)
+                if t.keep_snapshots:
+                    save_model(raw, ckpt_dir / "snapshots" / f"{phase.name}-{done:07d}", overwrite=True)
             accelerator.wait_for_everyone()
         if done == kill_after:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,69 @@
+"""``mlresearch similarity``: the frame (CSV) and figures (PNG) for a run or a model."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..checkpoint import atomic_dir, load_model
+from ..data.datasets import load_data, make_batch
+from . import plots
+from .over_training import similarity_frame, similarity_over_training, summary_over_training
+
+
+def probe_batch(config_path: str | Path, examples: int = 16) -> dict:
+    """The first ``examples`` validation examples of a config's data (model inputs only)."""
+    from ..training.config import load_config
+
+    cfg = load_config(config_path)
+    data_cfg = asdict(cfg.data)
+    if cfg.task == "image_cls" and not data_cfg["img_size"]:
+        data_cfg["img_size"] = cfg.model.options.get("img_size", 28)
+    data = load_data(cfg.task, data_cfg, cfg.seed)
+    idx = np.arange(min(examples, len(data.val)))
+    return {k: v for k, v in make_batch(data, "val", idx, 10**9, cfg.seed).items() if k != "labels"}
+
+
+def _matrix(frame, kind, layer=None):
+    sub = frame[(frame.kind == kind) & ((frame.layer == layer) if layer is not None else frame.layer.isna())]
+    n = int(sub.i.max()) + 1
+    m = torch.zeros(n, n, dtype=torch.float64)
+    for i, j, v in zip(sub.i, sub.j, sub.value):
+        m[int(i), int(j)] = v
+    return m
+
+
+def similarity_report(out: str | Path, run: str | Path | None = None, model_dir: str | Path | None = None,
+                      data: str | Path | None = None, metric: str = "cka", examples: int = 16,
+                      overwrite: bool = False) -> Path:
+    if (run is None) == (model_dir is None):
+        raise ValueError("give exactly one of --run or --model")
+    if data is None:
+        if run is None:
+            raise ValueError("--model needs --data CONFIG (whose validation split is the probe)")
+        data = Path(run) / "config.yaml"
+    batch = probe_batch(data, examples)
+    if run is not None:
+        frame = similarity_over_training(run, batch, metric)
+    else:
+        frame = similarity_frame(load_model(model_dir), batch, metric, {"snapshot": Path(model_dir).name,
+                                                                        "phase": "model", "step": -1})
+    name = frame.metric.iloc[0]
+    with atomic_dir(out, overwrite) as tmp:
+        frame.to_csv(tmp / "similarity.csv", index=False)
+        last = frame[frame.snapshot == frame.snapshot.iloc[-1]]
+        layer_kind = "attention" if metric == "attention" else "layers"
+        plots.save(plots.small_multiples({s: _matrix(frame[frame.snapshot == s], layer_kind)
+                                          for s in frame.snapshot.unique()},
+                                         f"Inter-layer similarity ({name})", "layer", name), tmp / "layers.png")
+        heads = {f"layer {int(l)}": _matrix(last, "heads", l) for l in sorted(last.layer.dropna().unique())}
+        plots.save(plots.small_multiples(heads, f"Intra-layer head similarity ({name}), {last.snapshot.iloc[0]}",
+                                         "head", name), tmp / "heads.png")
+        if metric != "attention" and frame.snapshot.nunique() > 1:
+            summary = summary_over_training(frame)
+            summary.to_csv(tmp / "summary.csv", index=False)
+            plots.save(plots.trend(summary), tmp / "trend.png")
+    return Path(out)
