@@ -65,3 +65,13 @@ def summary_over_training(frame: pd.DataFrame) -> pd.DataFrame:
     layers = frame[(frame.kind == "layers") & (frame.j == frame.i + 1)].groupby(keys, sort=False)["value"].mean()
     heads = frame[(frame.kind == "heads") & (frame.i != frame.j)].groupby(keys, sort=False)["value"].mean()
     return pd.DataFrame({"adjacent_layers": layers, "within_layer_heads": heads}).reset_index()
+
+
+def matrix_from_frame(frame, kind: str, layer=None) -> torch.Tensor:
+    """The i x j matrix of one kind (and layer) from a tidy similarity frame."""
+    sub = frame[(frame.kind == kind) & ((frame.layer == layer) if layer is not None else frame.layer.isna())]
+    n = int(sub.i.max()) + 1
+    m = torch.zeros(n, n, dtype=torch.float64)
+    for i, j, v in zip(sub.i, sub.j, sub.value):
+        m[int(i), int(j)] = v
+    return m

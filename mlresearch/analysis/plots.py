@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
 
 
 def heatmap(matrix, ax=None, title: str = "", label: str = "i", value: str = "similarity", vmin=None, vmax=None):

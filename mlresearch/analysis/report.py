@@ -6,12 +6,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..checkpoint import atomic_dir, load_model
 from ..data.datasets import load_data, make_batch
 from . import plots
-from .over_training import similarity_frame, similarity_over_training, summary_over_training
+from .over_training import matrix_from_frame, similarity_frame, similarity_over_training, summary_over_training
 
 
 def probe_batch(config_path: str | Path, examples: int = 16) -> dict:
@@ -27,20 +26,14 @@ def probe_batch(config_path: str | Path, examples: int = 16) -> dict:
     return {k: v for k, v in make_batch(data, "val", idx, 10**9, cfg.seed).items() if k != "labels"}
 
 
-def _matrix(frame, kind, layer=None):
-    sub = frame[(frame.kind == kind) & ((frame.layer == layer) if layer is not None else frame.layer.isna())]
-    n = int(sub.i.max()) + 1
-    m = torch.zeros(n, n, dtype=torch.float64)
-    for i, j, v in zip(sub.i, sub.j, sub.value):
-        m[int(i), int(j)] = v
-    return m
-
-
 def similarity_report(out: str | Path, run: str | Path | None = None, model_dir: str | Path | None = None,
                       data: str | Path | None = None, metric: str = "cka", examples: int = 16,
                       overwrite: bool = False) -> Path:
     if (run is None) == (model_dir is None):
         raise ValueError("give exactly one of --run or --model")
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only
     if data is None:
         if run is None:
             raise ValueError("--model needs --data CONFIG (whose validation split is the probe)")
@@ -56,10 +49,10 @@ def similarity_report(out: str | Path, run: str | Path | None = None, model_dir:
         frame.to_csv(tmp / "similarity.csv", index=False)
         last = frame[frame.snapshot == frame.snapshot.iloc[-1]]
         layer_kind = "attention" if metric == "attention" else "layers"
-        plots.save(plots.small_multiples({s: _matrix(frame[frame.snapshot == s], layer_kind)
+        plots.save(plots.small_multiples({s: matrix_from_frame(frame[frame.snapshot == s], layer_kind)
                                           for s in frame.snapshot.unique()},
                                          f"Inter-layer similarity ({name})", "layer", name), tmp / "layers.png")
-        heads = {f"layer {int(l)}": _matrix(last, "heads", l) for l in sorted(last.layer.dropna().unique())}
+        heads = {f"layer {int(l)}": matrix_from_frame(last, "heads", l) for l in sorted(last.layer.dropna().unique())}
         plots.save(plots.small_multiples(heads, f"Intra-layer head similarity ({name}), {last.snapshot.iloc[0]}",
                                          "head", name), tmp / "heads.png")
         if metric != "attention" and frame.snapshot.nunique() > 1:
