@@ -32,10 +32,11 @@ def numpy_cka(x, y, unbiased):
 
 
 @pytest.mark.parametrize("unbiased", [False, True])
-def test_cka_equals_numpy_reference(unbiased):
+@pytest.mark.parametrize("width", [7, 90])  # feature-space form (narrow) and kernel form (wide)
+def test_cka_equals_numpy_reference(unbiased, width):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(40, 12, generator=g)
-    y = x @ torch.randn(12, 7, generator=g) + 0.5 * torch.randn(40, 7, generator=g)
+    y = x @ torch.randn(12, width, generator=g) + 0.5 * torch.randn(40, width, generator=g)
     assert linear_cka(x, y, unbiased) == pytest.approx(numpy_cka(x.numpy(), y.numpy(), unbiased), abs=1e-10)
 
 
