@@ -167,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", help="a run directory (its snapshots, or final model)")
     src.add_argument("--model", help="a model checkpoint directory")
-    p.add_argument("--data", help="config whose validation split is the probe (default: the run's config)")
+    p.add_argument("--data", help="config file or preset name (e.g. gpt2_tiny) whose validation split is the "
+                                  "probe (default: the run's config)")
     p.add_argument("--metric", choices=("cka", "cka-unbiased", "cosine", "attention"), default="cka")
     p.add_argument("--examples", type=int, default=16, help="validation examples in the probe batch")
     p.add_argument("--out", required=True)

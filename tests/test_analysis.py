@@ -229,9 +229,9 @@ def test_similarity_over_training_cli(tmp_path, monkeypatch):
     diag = frame[(frame.kind == "layers") & (frame.i == frame.j)]
     assert (diag.value - 1).abs().max() < 1e-9
     assert len(summary_over_training(frame)) == 4
-    for name in ("layers.png", "heads.png", "trend.png", "summary.csv"):
+    for name in ("layers.png", "heads.png", "trend.png", "summary.csv", "provenance.json"):
         assert (tmp_path / "sim" / name).stat().st_size > 0
     assert main(["similarity", "--model", str(tmp_path / "run" / "final_model"), "--metric", "attention",
-                 "--data", config, "--out", str(tmp_path / "sim2")]) == 0
+                 "--data", "deit_smoke", "--out", str(tmp_path / "sim2")]) == 0
     js = pd.read_csv(tmp_path / "sim2" / "similarity.csv")
     assert set(js.metric) == {"js"} and js.value.min() >= 0

@@ -9,15 +9,18 @@ import numpy as np
 
 from ..checkpoint import atomic_dir, load_model
 from ..data.datasets import load_data, make_batch
+from ..results import provenance, write_json
 from . import plots
 from .over_training import matrix_from_frame, similarity_frame, similarity_over_training, summary_over_training
 
 
 def probe_batch(config_path: str | Path, examples: int = 16) -> dict:
     """The first ``examples`` validation examples of a config's data (model inputs only)."""
+    from ..results import REPO
     from ..training.config import load_config
 
-    cfg = load_config(config_path)
+    preset = REPO / "experiments" / "configs" / f"{config_path}.yaml"
+    cfg = load_config(config_path if Path(config_path).exists() or not preset.exists() else preset)
     data_cfg = asdict(cfg.data)
     if cfg.task == "image_cls" and not data_cfg["img_size"]:
         data_cfg["img_size"] = cfg.model.options.get("img_size", 28)
@@ -46,6 +49,9 @@ def similarity_report(out: str | Path, run: str | Path | None = None, model_dir:
                                                                         "phase": "model", "step": -1})
     name = frame.metric.iloc[0]
     with atomic_dir(out, overwrite) as tmp:
+        write_json(tmp / "provenance.json", provenance(
+            {"run": str(run) if run else None, "model": str(model_dir) if model_dir else None, "data": str(data),
+             "metric": metric, "examples": examples}, seed=-1))
         frame.to_csv(tmp / "similarity.csv", index=False)
         last = frame[frame.snapshot == frame.snapshot.iloc[-1]]
         layer_kind = "attention" if metric == "attention" else "layers"
