@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
 from .errors import MLResearchError
@@ -94,6 +95,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .training.vcycle import run_baseline, run_vcycle
 
     cfg = load_config(args.config, args.set)
+    if args.skip_done:
+        from .training.vcycle import default_out
+
+        out = Path(args.out) if args.out else default_out(cfg, "baseline" if args.command == "train" else "vcycle")
+        if (out / "summary.json").exists():
+            print(f"{args.command}: {out} is complete (summary.json); skipped")
+            return 0
     if args.command == "train":
         summary = run_baseline(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
         _print_summary(summary)
@@ -152,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--out", help="run directory (default results/<experiment>/<run>)")
         p.add_argument("--resume", action="store_true", help="continue a killed run from its checkpoints")
         p.add_argument("--overwrite", action="store_true", help="start over in an existing run directory")
+        p.add_argument("--skip-done", action="store_true", help="do nothing if the run already has its summary")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. train.steps=100")
         if name == "vcycle":

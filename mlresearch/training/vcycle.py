@@ -18,6 +18,7 @@ operator and phase-end events), ``summary.json`` and ``checkpoints/`` (not commi
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import time
 from dataclasses import asdict
@@ -72,7 +73,13 @@ class Run:
         if main:
             self.ckpt.mkdir(parents=True, exist_ok=True)
             (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-            write_json(self.out / "provenance.json", provenance(cfg.to_dict(), cfg.seed))
+            record = provenance(cfg.to_dict(), cfg.seed)
+            previous = self.out / "provenance.json"
+            if resume and previous.exists():  # keep who started the run; note every resumption
+                started = json.loads(previous.read_text())
+                started.setdefault("resumed", []).append({k: record[k] for k in ("git_commit", "command", "date")})
+                record = started
+            write_json(previous, record)
         self.accelerator.wait_for_everyone()
         self.resume = resume
         self.log = MetricsLog(self.out / "metrics.jsonl", main)
