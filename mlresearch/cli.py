@@ -3,6 +3,7 @@
     mlresearch train   CONFIG [--out DIR] [--resume] [--set key=value]   baseline from scratch
     mlresearch vcycle  CONFIG [--out DIR] [--resume] [--baseline]        V-cycle (and its baseline)
     mlresearch compare BASELINE_RUN VCYCLE_RUN                           FLOPs/wall saving
+    mlresearch table [--readme README.md]                                study tables from results/
     mlresearch similarity --run DIR | --model DIR [--data CONFIG] --metric cka --out DIR
     mlresearch new gpt2 --out DIR --layers 4 --heads 4 --hidden 128 [--set vocab_size=8192]
     mlresearch map coalesce    --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
@@ -148,6 +149,15 @@ def _cmd_similarity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_table(args: argparse.Namespace) -> int:
+    from .study import markdown, write_tables
+
+    table = write_tables(args.results, args.readme)
+    print(markdown(table))
+    print(f"wrote {args.results}/tables/" + (f" and the Results section of {args.readme}" if args.readme else ""))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlresearch", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -171,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("baseline")
     p.add_argument("vcycle")
     p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("table", help="study tables from every run in results/ (and README's Results)")
+    p.add_argument("--results", default="results")
+    p.add_argument("--readme", help="also rewrite this file's Results section (between its markers)")
+    p.set_defaults(func=_cmd_table)
 
     p = sub.add_parser("similarity", help="inter/intra-layer similarity maps of a run or a model")
     src = p.add_mutually_exclusive_group(required=True)

@@ -56,6 +56,8 @@ def test_smoke_vcycle_end_to_end(name, tmp_path):
     ops = [(r["op"], r["level"]) for r in rows if r.get("event") == "operator"]
     assert phases == ["down1", "small", "up1"]
     assert ops == [("coalesce", 1), ("decoalesce", 1), ("interpolate", 1)]
+    (ip,) = [r for r in rows if r.get("event") == "interpolated"]
+    assert all(np.isfinite(ip[k]) for k in ("partner_val_loss", "decoalesced_val_loss", "merged_val_loss"))
     # Ledger: the phases add up to the total, and each phase is steps x batch x per-example FLOPs.
     ends = {r["phase"]: r for r in rows if r.get("event") == "phase_end"}
     assert sum(r["flops"] for r in ends.values()) == pytest.approx(summary["flops_total"], rel=1e-12)
@@ -324,3 +326,24 @@ def test_similarity_guided_scheme_in_the_vcycle(name, tmp_path):
     assert len(events) == 1 and len(events[0]["width_scheme"]) == cfg.model.heads // 2
     assert sorted(i for g in events[0]["depth_scheme"] for i in g) == list(range(cfg.model.layers))
     assert [r["phase"] for r in rows if r.get("event") == "phase_end"] == ["down1", "small", "up1"]
+
+
+def test_study_tables_and_readme_section(tmp_path):
+    from mlresearch.study import README_END, README_START, write_tables
+
+    results = tmp_path / "results"
+    for seed in (0, 1):
+        cfg = smoke("gpt2", f"seed={seed}")
+        run_baseline(cfg, results / "gpt2_smoke" / f"baseline-seed{seed}")
+        run_vcycle(cfg, results / "gpt2_smoke" / f"vcycle-seed{seed}")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n{README_START}\nold\n{README_END}\nafter\n")
+    table = write_tables(results, readme)
+    assert len(table) == 1 and table.seeds.iloc[0] == 2
+    runs = __import__("pandas").read_csv(results / "tables" / "runs.csv")
+    assert len(runs) == 2 and set(runs.seed) == {0, 1}
+    for _, r in runs.iterrows():  # every row is the compare of that seed's pair
+        c = compare_runs(results / "gpt2_smoke" / f"baseline-seed{r.seed}", results / "gpt2_smoke" / f"vcycle-seed{r.seed}")
+        assert r.baseline_flops == c["baseline_flops"] and bool(r.reached) == c["reached"]
+    text = readme.read_text()
+    assert "old" not in text and "| gpt2_smoke | 2 | halving |" in text and text.endswith("after\n")

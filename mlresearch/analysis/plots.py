@@ -47,12 +47,13 @@ def trend(summary: pd.DataFrame, title: str = "Similarity over training"):
     return fig
 
 
-def save(fig, path: str | Path) -> Path:
-    """Write a PNG atomically."""
+def save(fig, path: str | Path, close: bool = True) -> Path:
+    """Write a PNG atomically (``close=False`` keeps it for a notebook to show)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.savefig(tmp, dpi=120)
     tmp.replace(path)
-    plt.close(fig)
+    if close:
+        plt.close(fig)
     return path

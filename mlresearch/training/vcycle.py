@@ -206,6 +206,10 @@ def run_vcycle(cfg: RunConfig, out: Path | None = None, resume: bool = False, ov
             big, optimizer = run.operator("decoalesce", k, lambda: decoalesce(model, schemes[k])), None
         merged = run.operator("interpolate", k, lambda: interpolate(
             partners[k], big, alpha=None if adaptive else float(alpha), adaptive=adaptive))
+        run.log_event({"event": "interpolated", "level": k,  # what each ingredient scores on validation
+                       "partner_val_loss": evaluate(partners[k], run.data, cfg)["val_loss"],
+                       "decoalesced_val_loss": evaluate(big, run.data, cfg)["val_loss"],
+                       "merged_val_loss": evaluate(merged, run.data, cfg)["val_loss"]})
         if optimizer is not None:  # carried moments belong to `big`; move them onto `merged` by name
             optimizer = _rebind(optimizer, big, merged)
         merged.train()

@@ -1,0 +1,129 @@
+"""Study tables: every V-cycle run in results/ against the baseline of its experiment and seed
+(``results/<experiment>/baseline-seed<seed>`` beside it).
+
+Nothing here is typed by hand except :data:`PAPER`, the savings the multi-level paper *reports*
+(Zou et al., ICLR 2024; FLOPs and wall-time saving against training the same model from scratch),
+shown beside our measurements and labelled as such.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from .training.compare import compare_runs
+from .training.engine import read_metrics
+
+PAPER = pd.DataFrame([
+    {"model": "BERT-Base", "levels": 2, "flops_saving_pct": 19.0, "wall_saving_pct": 10.8},
+    {"model": "GPT-Base", "levels": 2, "flops_saving_pct": 24.1, "wall_saving_pct": 16.5},
+    {"model": "DeiT-B", "levels": 2, "flops_saving_pct": 27.1, "wall_saving_pct": 24.3},
+    {"model": "BERT-Large", "levels": 2, "flops_saving_pct": 37.4, "wall_saving_pct": 32.9},
+    {"model": "BERT-Large", "levels": 3, "flops_saving_pct": 51.6, "wall_saving_pct": 41.9},
+]).assign(source="paper (reported)")
+
+README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def _runs(results: Path):
+    """Runs written by the runner (a config.yaml and a summary with its kind)."""
+    for summary in sorted(results.glob("*/*/summary.json")):
+        run = summary.parent
+        data = json.loads(summary.read_text())
+        if (run / "config.yaml").exists() and data.get("kind") in ("baseline", "vcycle"):
+            yield run, yaml.safe_load((run / "config.yaml").read_text()), data
+
+
+def collect(results: str | Path = "results") -> pd.DataFrame:
+    """One row per V-cycle run with its baseline (same experiment and seed) and the comparison."""
+    results = Path(results)
+    runs = list(_runs(results))
+    # A V-cycle is compared with the baseline of the same seed in the same experiment directory.
+    baselines = {(r.parent, c["seed"]): r for r, c, s in runs if s["kind"] == "baseline"}
+    rows = []
+    for run, config, summary in runs:
+        if summary["kind"] != "vcycle":
+            continue
+        base = baselines.get((run.parent, config["seed"]))
+        v = config["vcycle"]
+        row = {"experiment": config["experiment"], "task": config["task"], "run": run.name, "seed": config["seed"],
+               "levels": v["levels"], "scheme": v["scheme"], "alpha": str(v["alpha"]), "optimizer": v["optimizer"],
+               "vcycle_full_val_loss": summary["final_full_val"]["val_loss"],
+               "vcycle_test": next(iter(summary["final_test"].values()))}
+        if base is not None:
+            c = compare_runs(base, run)
+            b = json.loads((base / "summary.json").read_text())
+            row.update({"baseline_full_val_loss": b["final_full_val"]["val_loss"],
+                        "baseline_test": next(iter(b["final_test"].values())),
+                        "target_val_loss": c["target_val_loss"], "baseline_flops": c["baseline_flops"],
+                        "vcycle_total_flops": c["vcycle_total_flops"], "reached": c["reached"],
+                        "vcycle_flops": c.get("vcycle_flops"), "flops_saving_pct": c.get("flops_saving_pct"),
+                        "wall_saving_pct": c.get("wall_saving_pct"),
+                        "final_val_loss_gap": c["vcycle_final_val_loss"] - c["target_val_loss"]})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def variants(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean and spread over seeds for each experiment x variant."""
+    if df.empty:
+        return df
+    keys = ["experiment", "levels", "scheme", "alpha", "optimizer"]
+    g = df.groupby(keys, dropna=False)
+    out = g.agg(seeds=("seed", "nunique"), reached=("reached", "sum"),
+                flops_saving_pct=("flops_saving_pct", "mean"), flops_saving_std=("flops_saving_pct", "std"),
+                wall_saving_pct=("wall_saving_pct", "mean"),
+                final_val_loss_gap=("final_val_loss_gap", "mean"), final_val_loss_gap_std=("final_val_loss_gap", "std"),
+                vcycle_flops_over_baseline=("vcycle_total_flops", "mean"))
+    base = g["baseline_flops"].mean()
+    out["vcycle_flops_over_baseline"] = out["vcycle_flops_over_baseline"] / base
+    return out.reset_index()
+
+
+def markdown(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "_No V-cycle runs in results/ yet._"
+    cols = ["experiment", "levels", "scheme", "alpha", "optimizer", "seeds", "reached", "flops_saving_pct",
+            "wall_saving_pct", "vcycle_flops_over_baseline", "final_val_loss_gap"]
+    t = table[cols].copy()
+    for c in ("flops_saving_pct", "wall_saving_pct"):
+        t[c] = t[c].map(lambda x: "not reached" if pd.isna(x) else f"{x:.1f}")
+    t["reached"] = [f"{int(r)}/{int(s)}" for r, s in zip(table["reached"], table["seeds"])]
+    t["vcycle_flops_over_baseline"] = t["vcycle_flops_over_baseline"].map(lambda x: f"{x:.2f}")
+    t["final_val_loss_gap"] = t["final_val_loss_gap"].map(lambda x: f"{x:+.3f}")
+    t = t.rename(columns={"flops_saving_pct": "FLOPs saving %", "wall_saving_pct": "wall saving %",
+                          "vcycle_flops_over_baseline": "total FLOPs / baseline",
+                          "final_val_loss_gap": "final val loss - baseline"})
+    header = "| " + " | ".join(t.columns) + " |\n|" + "---|" * len(t.columns) + "\n"
+    return header + "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in t.itertuples(index=False))
+
+
+def write_tables(results: str | Path = "results", readme: str | Path | None = None) -> pd.DataFrame:
+    from .checkpoint import atomic_write_text
+
+    results = Path(results)
+    runs = collect(results)
+    table = variants(runs)
+    (results / "tables").mkdir(parents=True, exist_ok=True)
+    atomic_write_text(results / "tables" / "runs.csv", runs.to_csv(index=False))
+    atomic_write_text(results / "tables" / "variants.csv", table.to_csv(index=False))
+    text = markdown(table)
+    atomic_write_text(results / "tables" / "variants.md", text)
+    if readme is not None:
+        path = Path(readme)
+        body = path.read_text()
+        if README_START not in body or README_END not in body:
+            raise ValueError(f"{path} has no {README_START} ... {README_END} section")
+        head, rest = body.split(README_START, 1)
+        _, tail = rest.split(README_END, 1)
+        atomic_write_text(path, f"{head}{README_START}\n{text}{README_END}{tail}")
+    return table
+
+
+def curves(run: str | Path) -> pd.DataFrame:
+    """A run's evaluation rows (loss vs cumulative FLOPs), with phase and level."""
+    rows = [r for r in read_metrics(run) if "val_loss" in r and "event" not in r]
+    return pd.DataFrame(rows)
