@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..families import family_of
-from .capture import Capture, _module
+from .capture import Capture
 from .metrics import cosine, js_divergence, linear_cka, pairwise
 
 METRICS = ("cka", "cka-unbiased", "cosine", "attention")
@@ -85,4 +85,4 @@ def neuron_similarity(model: nn.Module) -> list[dict]:
     return out
 
 
-__all__ = ["head_similarity", "layer_similarity", "neuron_similarity", "_module"]
+__all__ = ["head_similarity", "layer_similarity", "neuron_similarity"]

@@ -116,14 +116,8 @@ class Run:
                   "flops": self.ledger.flops - start["flops"], "wall": self.ledger.wall - start["wall"],
                   "examples": self.ledger.examples - start["examples"]}
         self.phases.append(record)
-        if not (self.resume and self._logged(record)):
-            self.log.write(record)
+        self.log_event(record, keys=("event", "phase"))
         return model, optimizer
-
-    def _logged(self, record) -> bool:
-        if not (self.out / "metrics.jsonl").exists():
-            return False
-        return any(r.get("event") == "phase_end" and r["phase"] == record["phase"] for r in read_metrics(self.out))
 
     def probe_batches(self, n: int = 2) -> list[dict]:
         """Fixed validation batches for measuring similarity (not training data)."""
@@ -134,9 +128,14 @@ class Run:
                                              10**9 + i, self.cfg.seed).items() if k != "labels"}
                 for i in range(min(n, max(1, total // b)))]
 
-    def log_event(self, row: dict) -> None:
-        if not (self.resume and row in read_metrics(self.out)):
-            self.log.write(row)
+    def log_event(self, row: dict, keys: tuple[str, ...] | None = None) -> None:
+        """Write an event row, unless a resumed run already logged it (matched on ``keys``, or on
+        the whole row; timings differ between the two runs, so they are not keys)."""
+        if self.resume and (self.out / "metrics.jsonl").exists():
+            keys = keys or tuple(row)
+            if any(all(r.get(k) == row[k] for k in keys) for r in read_metrics(self.out)):
+                return
+        self.log.write(row)
 
     def operator(self, name: str, level: int, fn):
         """Run an operator and record its wall time (its FLOPs are negligible: one pass over the parameters)."""
@@ -144,10 +143,8 @@ class Run:
         result = fn()
         seconds = time.perf_counter() - tick
         self.ledger.wall += seconds
-        row = {"event": "operator", "op": name, "level": level, "seconds": seconds}
-        if not (self.resume and any(r.get("event") == "operator" and r["op"] == name and r["level"] == level
-                                    for r in read_metrics(self.out))):
-            self.log.write(row)
+        self.log_event({"event": "operator", "op": name, "level": level, "seconds": seconds},
+                       keys=("event", "op", "level"))
         return result
 
     def finish(self, model, kind: str) -> dict:
