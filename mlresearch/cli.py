@@ -101,7 +101,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
         out = Path(args.out) if args.out else default_out(cfg, "baseline" if args.command == "train" else "vcycle")
         if (out / "summary.json").exists():
-            print(f"{args.command}: {out} is complete (summary.json); skipped")
+            from .training.vcycle import config_differences
+
+            changed = config_differences(out, cfg)
+            note = f" (WARNING: its config differs in {', '.join(changed)})" if changed else ""
+            print(f"{args.command}: {out} is complete (summary.json); skipped{note}")
             return 0
     if args.command == "train":
         summary = run_baseline(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
@@ -149,6 +153,20 @@ def _cmd_similarity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_downstream(args: argparse.Namespace) -> int:
+    from .downstream import DownstreamConfig, evaluate_run
+
+    dc = DownstreamConfig(**({"finetune_steps": args.finetune_steps} if args.finetune_steps else {}))
+    for run in args.runs:
+        if args.skip_done and (Path(run) / "downstream.json").exists():
+            print(f"downstream: {run} is done; skipped")
+            continue
+        r = evaluate_run(run, dc)
+        shown = {k: r[k] for k in ("perplexity", "bits_per_byte", "accuracy") if k in r}
+        print(f"downstream {run}: " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()))
+    return 0
+
+
 def _cmd_table(args: argparse.Namespace) -> int:
     from .study import markdown, write_tables
 
@@ -181,6 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("baseline")
     p.add_argument("vcycle")
     p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("downstream", help="downstream check of finished runs (zero-shot perplexity, BBC topic "
+                                          "fine-tuning, test top-1) -> <run>/downstream.json")
+    p.add_argument("runs", nargs="+", help="run directories with final_model/")
+    p.add_argument("--skip-done", action="store_true", help="skip runs that already have downstream.json")
+    p.add_argument("--finetune-steps", type=int, help="BBC fine-tuning steps (masked LM runs)")
+    p.set_defaults(func=_cmd_downstream)
 
     p = sub.add_parser("table", help="study tables from every run in results/ (and README's Results)")
     p.add_argument("--results", default="results")

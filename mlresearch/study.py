@@ -37,6 +37,21 @@ def _runs(results: Path):
             yield run, yaml.safe_load((run / "config.yaml").read_text()), data
 
 
+DOWNSTREAM = {"causal_lm": ("perplexity", "zero-shot ppl"), "masked_lm": ("accuracy", "BBC topic acc"),
+              "image_cls": ("accuracy", "test top-1")}
+
+
+def _downstream(run: Path, task: str) -> float | None:
+    """The run's downstream number (``mlresearch downstream``), or its own test top-1 for images."""
+    key = DOWNSTREAM[task][0]
+    path = run / "downstream.json"
+    if path.exists():
+        return json.loads(path.read_text())[key]
+    if task == "image_cls":
+        return json.loads((run / "summary.json").read_text())["final_test"]["test_acc"]
+    return None
+
+
 def collect(results: str | Path = "results") -> pd.DataFrame:
     """One row per V-cycle run with its baseline (same experiment and seed) and the comparison."""
     results = Path(results)
@@ -53,7 +68,8 @@ def collect(results: str | Path = "results") -> pd.DataFrame:
                "levels": v["levels"], "scheme": v["scheme"], "alpha": str(v["alpha"]), "optimizer": v["optimizer"],
                "budget": v.get("tag") or "preset",
                "vcycle_full_val_loss": summary["final_full_val"]["val_loss"],
-               "vcycle_test": next(iter(summary["final_test"].values()))}
+               "vcycle_test": next(iter(summary["final_test"].values())),
+               "vcycle_downstream": _downstream(run, config["task"])}
         if base is not None:
             c = compare_runs(base, run)
             b = json.loads((base / "summary.json").read_text())
@@ -63,7 +79,9 @@ def collect(results: str | Path = "results") -> pd.DataFrame:
                         "vcycle_total_flops": c["vcycle_total_flops"], "reached": c["reached"],
                         "vcycle_flops": c.get("vcycle_flops"), "flops_saving_pct": c.get("flops_saving_pct"),
                         "wall_saving_pct": c.get("wall_saving_pct"),
-                        "final_val_loss_gap": c["vcycle_final_val_loss"] - c["target_val_loss"]})
+                        "final_val_loss_gap": c["vcycle_final_val_loss"] - c["target_val_loss"],
+                        "baseline_downstream": _downstream(base, config["task"]),
+                        "reached_acc": c.get("reached_acc"), "acc_flops_saving_pct": c.get("acc_flops_saving_pct")})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -73,12 +91,21 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         return df
     keys = ["experiment", "levels", "scheme", "alpha", "optimizer", "budget"]
+    df = df.copy()
+    for c in ("vcycle_downstream", "baseline_downstream", "acc_flops_saving_pct", "reached_acc"):
+        if c not in df:
+            df[c] = None
+    df[["vcycle_downstream", "baseline_downstream", "acc_flops_saving_pct"]] = \
+        df[["vcycle_downstream", "baseline_downstream", "acc_flops_saving_pct"]].astype(float)
     g = df.groupby(keys, dropna=False)
     out = g.agg(seeds=("seed", "nunique"), reached=("reached", "sum"),
                 flops_saving_pct=("flops_saving_pct", "mean"), flops_saving_std=("flops_saving_pct", "std"),
                 wall_saving_pct=("wall_saving_pct", "mean"),
                 final_val_loss_gap=("final_val_loss_gap", "mean"), final_val_loss_gap_std=("final_val_loss_gap", "std"),
-                vcycle_flops_over_baseline=("vcycle_total_flops", "mean"))
+                vcycle_flops_over_baseline=("vcycle_total_flops", "mean"),
+                task=("task", "first"), vcycle_downstream=("vcycle_downstream", "mean"),
+                baseline_downstream=("baseline_downstream", "mean"), downstream_runs=("vcycle_downstream", "count"),
+                acc_flops_saving_pct=("acc_flops_saving_pct", "mean"))
     base = g["baseline_flops"].mean()
     out["vcycle_flops_over_baseline"] = out["vcycle_flops_over_baseline"] / base
     return out.reset_index()
@@ -88,18 +115,33 @@ def markdown(table: pd.DataFrame) -> str:
     if table.empty:
         return "_No V-cycle runs in results/ yet._"
     cols = ["experiment", "levels", "scheme", "alpha", "optimizer", "budget", "seeds", "reached", "flops_saving_pct",
-            "wall_saving_pct", "vcycle_flops_over_baseline", "final_val_loss_gap"]
-    t = table[cols].copy()
+            "wall_saving_pct", "vcycle_flops_over_baseline", "final_val_loss_gap", "downstream"]
+    t = table.copy()
     for c in ("flops_saving_pct", "wall_saving_pct"):
         t[c] = t[c].map(lambda x: "not reached" if pd.isna(x) else f"{x:.1f}")
     t["reached"] = [f"{int(r)}/{int(s)}" for r, s in zip(table["reached"], table["seeds"])]
     t["vcycle_flops_over_baseline"] = t["vcycle_flops_over_baseline"].map(lambda x: f"{x:.2f}")
-    t["final_val_loss_gap"] = t["final_val_loss_gap"].map(lambda x: f"{x:+.3f}")
-    t = t.rename(columns={"flops_saving_pct": "FLOPs saving %", "wall_saving_pct": "wall saving %",
-                          "vcycle_flops_over_baseline": "total FLOPs / baseline",
-                          "final_val_loss_gap": "final val loss - baseline"})
+    t["final_val_loss_gap"] = [f"{m:+.3f}" + ("" if pd.isna(sd) else f" ± {sd:.3f}")
+                               for m, sd in zip(table["final_val_loss_gap"], table["final_val_loss_gap_std"])]
+    t["downstream"] = [_downstream_cell(r) for r in table.itertuples(index=False)]
+    t = t[cols].rename(columns={"flops_saving_pct": "FLOPs saving %", "wall_saving_pct": "wall saving %",
+                                "vcycle_flops_over_baseline": "total FLOPs / baseline",
+                                "final_val_loss_gap": "final val loss - baseline",
+                                "downstream": "downstream: V-cycle vs baseline"})
     header = "| " + " | ".join(t.columns) + " |\n|" + "---|" * len(t.columns) + "\n"
     return header + "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in t.itertuples(index=False))
+
+
+def _downstream_cell(row) -> str:
+    if pd.isna(row.vcycle_downstream) or pd.isna(row.baseline_downstream):
+        return "-"
+    name = DOWNSTREAM[row.task][1]
+    fmt = "{:.1f}" if DOWNSTREAM[row.task][0] == "perplexity" else "{:.3f}"
+    cell = f"{name} {fmt.format(row.vcycle_downstream)} vs {fmt.format(row.baseline_downstream)}"
+    if row.task == "image_cls":
+        cell += "; val-acc target " + ("not reached" if pd.isna(row.acc_flops_saving_pct)
+                                       else f"reached, {row.acc_flops_saving_pct:.1f}% FLOPs saving")
+    return cell
 
 
 def write_tables(results: str | Path = "results", readme: str | Path | None = None) -> pd.DataFrame:

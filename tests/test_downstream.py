@@ -1,0 +1,115 @@
+"""Downstream checks, run-directory guards and the accuracy target of the comparison."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mlresearch.checkpoint import load_model
+from mlresearch.data import corpora
+from mlresearch.data.datasets import DataError, text_split
+from mlresearch.downstream import DownstreamConfig, bbc_topic_accuracy, evaluate_run, zero_shot_perplexity
+from mlresearch.training.compare import compare_runs
+from mlresearch.training.config import ConfigError, load_config
+from mlresearch.training.vcycle import default_out, run_baseline
+
+CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def data_cache(tmp_path_factory):
+    old = os.environ.get("MLRESEARCH_CACHE")
+    os.environ["MLRESEARCH_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        os.environ.pop("MLRESEARCH_CACHE", None)
+    else:
+        os.environ["MLRESEARCH_CACHE"] = old
+
+
+def smoke(name, *overrides):
+    return load_config(CONFIGS / f"{name}_smoke.yaml", list(overrides))
+
+
+@pytest.fixture(scope="module")
+def gpt2_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "gpt2"
+    run_baseline(smoke("gpt2"), out)
+    return out
+
+
+def test_zero_shot_perplexity_equals_the_models_own_loss(gpt2_run):
+    dc = DownstreamConfig(text="bbc", ppl_blocks=6)
+    r = zero_shot_perplexity(gpt2_run, dc)
+    # Independent: the same evenly spaced blocks through the HF model's own loss.
+    cfg = smoke("gpt2")
+    ts = text_split(cfg.task, asdict(cfg.data), cfg.seed)
+    ids = []
+    for enc in ts.tokenizer.encode_batch(list(corpora.bbc_news()[0]), add_special_tokens=False):
+        ids += enc.ids + [ts.special["eos"]]
+    seq = cfg.data.seq_len
+    n = len(ids) // seq
+    picks = np.unique(np.linspace(0, n - 1, 6).round().astype(int))
+    model = load_model(gpt2_run / "final_model").eval()
+    with torch.no_grad():
+        losses = [model(input_ids=torch.tensor([ids[p * seq:(p + 1) * seq]]),
+                        labels=torch.tensor([ids[p * seq:(p + 1) * seq]])).loss.item() for p in picks]
+    assert r["tokens"] == len(picks) * (seq - 1)
+    assert r["nll_per_token"] == pytest.approx(float(np.mean(losses)), rel=1e-5)
+    assert r["perplexity"] == pytest.approx(np.exp(np.mean(losses)), rel=1e-5)
+
+
+def test_zero_shot_text_must_be_unseen(gpt2_run):
+    with pytest.raises(DataError, match="trained on 'bible'"):
+        zero_shot_perplexity(gpt2_run, DownstreamConfig(text="bible"))
+
+
+def test_bbc_fine_tuning_classifies_only_articles_held_out_of_pretraining(tmp_path):
+    cfg = smoke("bert")
+    run_baseline(cfg, tmp_path / "bert")
+    dc = DownstreamConfig(finetune_steps=4, finetune_batch=8, finetune_warmup=2)
+    r1 = evaluate_run(tmp_path / "bert", dc)
+    ts = text_split(cfg.task, asdict(cfg.data), cfg.seed)
+    assert r1["held_out_articles"] == len(ts.val) + len(ts.test) and r1["train_articles"] == len(ts.train)
+    assert set(ts.train).isdisjoint(set(ts.val) | set(ts.test))
+    assert (r1["accuracy"] * r1["held_out_articles"]) == pytest.approx(round(r1["accuracy"] * r1["held_out_articles"]))
+    saved = json.loads((tmp_path / "bert" / "downstream.json").read_text())
+    assert saved["accuracy"] == r1["accuracy"] and saved["provenance"]["config"]["finetune_steps"] == 4
+    assert bbc_topic_accuracy(tmp_path / "bert", dc)["accuracy"] == r1["accuracy"]  # seeded: reproducible
+
+
+def test_downstream_needs_a_finished_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a finished run"):
+        evaluate_run(tmp_path)
+
+
+def test_tag_names_the_run_directory_and_bad_tags_are_refused():
+    cfg = smoke("gpt2", "vcycle.tag=up270")
+    assert default_out(cfg, "vcycle").name == "vcycle-L2-halving-a0.25-reset-up270-seed0"
+    with pytest.raises(ConfigError, match="vcycle.tag"):
+        smoke("gpt2", "vcycle.tag=a/b")
+
+
+def test_resuming_with_another_config_is_refused(gpt2_run, tmp_path):
+    with pytest.raises(ConfigError, match="train.lr"):
+        run_baseline(smoke("gpt2", "train.lr=0.01"), gpt2_run, resume=True)
+
+
+def test_compare_also_measures_the_accuracy_target(tmp_path):
+    def write(path, rows):
+        path.mkdir()
+        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write(tmp_path / "b", [{"phase": "baseline", "step": s, "val_loss": v, "val_acc": a, "flops": f, "wall": f}
+                           for s, v, a, f in ((1, 3.0, 0.5, 100.0), (2, 2.5, 0.7, 200.0), (3, 2.0, 0.8, 400.0))])
+    write(tmp_path / "v", [{"phase": "up1", "step": 1, "val_loss": 2.6, "val_acc": 0.81, "flops": 300.0, "wall": 3.0},
+                           {"phase": "up1", "step": 2, "val_loss": 2.1, "val_acc": 0.79, "flops": 500.0, "wall": 5.0}])
+    c = compare_runs(tmp_path / "b", tmp_path / "v")
+    assert not c["reached"] and c["reached_acc"]
+    assert c["acc_flops_saving_pct"] == pytest.approx(25.0)  # 0.81 >= 0.8 at 300 vs the baseline's 400
