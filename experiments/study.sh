@@ -3,7 +3,7 @@
 # is skipped, a killed one resumes. Runs land in results/<experiment>/<run>/ and can be committed
 # as they complete. `mlresearch table` turns them into results/tables/ and README's Results.
 #   bash experiments/study.sh [gpt2|bert|deit|all]   the grid of variants (2 seeds for the main ones)
-#   bash experiments/study.sh tune gpt2|bert|deit [SEED [full]]   budget/LR variants (validation only)
+#   bash experiments/study.sh tune gpt2|bert|deit [SEED [best]]   budget/LR variants (validation only)
 #   bash experiments/study.sh downstream              downstream checks of every finished run
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,16 +31,18 @@ study() {  # study MODEL
   run vcycle "$c" vcycle.scheme=similarity
 }
 
-tune() {  # tune MODEL [SEED [full]]: budgets of adaptive alpha + carried optimizer, the best preset variant
+tune() {  # tune MODEL [SEED [best]]: budgets of adaptive alpha + carried optimizer (the best preset variant),
+          # judged on the validation loss; "best" runs only the budget chosen on GPT-2 seed 0
   local c=experiments/configs/$1_tiny.yaml seed=${2:-0} only=${3:-} s=1
   [ "$1" = deit ] && s=2  # DeiT's preset budgets are twice the language models'
   local v=(seed=$seed vcycle.alpha=adaptive vcycle.optimizer=carry)
-  # full: the up-phase fills the baseline's full-model steps (E_a + up = train.steps), so the run can
+  # "full": the up-phase fills the baseline's full-model steps (E_a + up = train.steps), so the run can
   # cross the baseline's final loss wherever it does, or show that it does not.
-  run vcycle "$c" "${v[@]}" vcycle.tag=full "vcycle.up_steps=[$((270 * s))]"
-  [ "$only" = full ] && return 0
-  run vcycle "$c" "${v[@]}" vcycle.tag=ea60-full "vcycle.down_steps=[$((60 * s))]" "vcycle.up_steps=[$((240 * s))]"
+  # Chosen (GPT-2 seed 0, validation): twice the small-model steps, full up-phase.
   run vcycle "$c" "${v[@]}" vcycle.tag=small300-full vcycle.small_steps=$((300 * s)) "vcycle.up_steps=[$((270 * s))]"
+  [ "$only" = best ] && return 0
+  run vcycle "$c" "${v[@]}" vcycle.tag=full "vcycle.up_steps=[$((270 * s))]"
+  run vcycle "$c" "${v[@]}" vcycle.tag=ea60-full "vcycle.down_steps=[$((60 * s))]" "vcycle.up_steps=[$((240 * s))]"
   run vcycle "$c" "${v[@]}" vcycle.tag=full-smalllr4e-3 "vcycle.lr=[0.001,0.004]" "vcycle.up_steps=[$((270 * s))]"
 }
 
@@ -54,9 +56,9 @@ downstream() {  # every finished run that still has its final model (final_model
 
 case $which in
   gpt2|bert|deit) study "$which" ;;
-  tune) tune "${2:?usage: $0 tune gpt2|bert|deit [seed [full]]}" "${3:-0}" "${4:-}" ;;
+  tune) tune "${2:?usage: $0 tune gpt2|bert|deit [seed [best]]}" "${3:-0}" "${4:-}" ;;
   downstream) downstream ;;
   all) study gpt2; run vcycle experiments/configs/gpt2_tiny_3level.yaml; study bert; study deit
-       for m in gpt2 bert deit; do tune $m; done; downstream ;;
+       tune gpt2; tune gpt2 1 best; tune bert 0 best; tune deit 0 best; downstream ;;
   *) echo "usage: $0 [gpt2|bert|deit|all] | tune MODEL [SEED] | downstream" >&2; exit 2 ;;
 esac

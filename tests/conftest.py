@@ -9,3 +9,28 @@ import torch  # noqa: E402
 
 torch.manual_seed(0)
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
+
+
+@pytest.fixture(scope="module")
+def isolated_data_cache(tmp_path_factory):
+    """Tokenizers and token blocks of the module's runs go to a fresh cache, not the user's."""
+    old = os.environ.get("MLRESEARCH_CACHE")
+    os.environ["MLRESEARCH_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        os.environ.pop("MLRESEARCH_CACHE", None)
+    else:
+        os.environ["MLRESEARCH_CACHE"] = old
+
+
+def smoke(name, *overrides):
+    """A ``*_smoke.yaml`` preset with ``key=value`` overrides."""
+    from mlresearch.training.config import load_config
+
+    return load_config(CONFIGS / f"{name}_smoke.yaml", list(overrides))

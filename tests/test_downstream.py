@@ -3,42 +3,27 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
+from conftest import smoke
 
 from mlresearch.checkpoint import load_model
 from mlresearch.data import corpora
 from mlresearch.data.datasets import DataError, text_split
 from mlresearch.downstream import DownstreamConfig, bbc_topic_accuracy, evaluate_run, zero_shot_perplexity
 from mlresearch.training.compare import compare_runs
-from mlresearch.training.config import ConfigError, load_config
+from mlresearch.training.config import ConfigError
 from mlresearch.training.vcycle import default_out, run_baseline
 
-CONFIGS = Path(__file__).resolve().parent.parent / "experiments" / "configs"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def data_cache(tmp_path_factory):
-    old = os.environ.get("MLRESEARCH_CACHE")
-    os.environ["MLRESEARCH_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("MLRESEARCH_CACHE", None)
-    else:
-        os.environ["MLRESEARCH_CACHE"] = old
-
-
-def smoke(name, *overrides):
-    return load_config(CONFIGS / f"{name}_smoke.yaml", list(overrides))
+pytestmark = pytest.mark.usefixtures("isolated_data_cache")
 
 
 @pytest.fixture(scope="module")
-def gpt2_run(tmp_path_factory):
+def gpt2_run(isolated_data_cache, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "gpt2"
     run_baseline(smoke("gpt2"), out)
     return out

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import smoke
 from models import FACTORIES, example_input, loss_of
 
 from mlresearch.checkpoint import load_model
@@ -27,19 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "experiments" / "configs"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def data_cache(tmp_path_factory):
-    old = os.environ.get("MLRESEARCH_CACHE")
-    os.environ["MLRESEARCH_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("MLRESEARCH_CACHE", None)
-    else:
-        os.environ["MLRESEARCH_CACHE"] = old
-
-
-def smoke(name, *overrides):
-    return load_config(CONFIGS / f"{name}_smoke.yaml", list(overrides))
+pytestmark = pytest.mark.usefixtures("isolated_data_cache")
 
 
 def rows_without_wall(path):
