@@ -51,7 +51,12 @@ downstream() {  # every finished run that still has its final model (final_model
   for d in results/*_tiny/*/; do
     [ -f "$d/summary.json" ] && [ -d "$d/final_model" ] && runs+=("$d")
   done
-  mlresearch downstream --skip-done "${runs[@]}"
+  # BERT's fine-tuning LR is chosen on training articles of the baselines only (held-out ones untouched).
+  local f=results/bert_tiny/finetune_lr.json
+  [ -f "$f" ] || python experiments/select_finetune_lr.py
+  local lr
+  lr=$(python -c "import json; print(json.load(open('$f'))['chosen_lr'])")
+  mlresearch downstream --skip-done --finetune-lr "$lr" "${runs[@]}"
 }
 
 case $which in

@@ -156,7 +156,8 @@ def _cmd_similarity(args: argparse.Namespace) -> int:
 def _cmd_downstream(args: argparse.Namespace) -> int:
     from .downstream import DownstreamConfig, evaluate_run
 
-    dc = DownstreamConfig(**({"finetune_steps": args.finetune_steps} if args.finetune_steps else {}))
+    chosen = {"finetune_steps": args.finetune_steps, "finetune_lr": args.finetune_lr}
+    dc = DownstreamConfig(**{k: v for k, v in chosen.items() if v is not None})
     for run in args.runs:
         if args.skip_done and (Path(run) / "downstream.json").exists():
             print(f"downstream: {run} is done; skipped")
@@ -205,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run directories with final_model/")
     p.add_argument("--skip-done", action="store_true", help="skip runs that already have downstream.json")
     p.add_argument("--finetune-steps", type=int, help="BBC fine-tuning steps (masked LM runs)")
+    p.add_argument("--finetune-lr", type=float, help="BBC fine-tuning peak LR (masked LM runs)")
     p.set_defaults(func=_cmd_downstream)
 
     p = sub.add_parser("table", help="study tables from every run in results/ (and README's Results)")

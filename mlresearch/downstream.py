@@ -35,7 +35,7 @@ class DownstreamConfig:
     finetune_steps: int = 150  # BBC topic fine-tuning of masked LMs (1.2 epochs; fixed a priori, same for all runs)
     finetune_batch: int = 16
     finetune_seq_len: int = 64  # an article's first 62 tokens: headline and lead
-    finetune_lr: float = 1e-3  # the pre-training peak LR
+    finetune_lr: float = 3e-4  # `mlresearch downstream --finetune-lr` sets it (experiments/select_finetune_lr.py)
     finetune_warmup: int = 15
     seed: int = 0  # classifier-head init and batch order
     threads: int = 2
@@ -90,7 +90,12 @@ def zero_shot_perplexity(run: str | Path, dc: DownstreamConfig = DownstreamConfi
             "bits_per_byte": per_token / math.log(2) / bytes_per_token}
 
 
-def bbc_topic_accuracy(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> dict:
+def bbc_topic_accuracy(run: str | Path, dc: DownstreamConfig = DownstreamConfig(), select: bool = False) -> dict:
+    """Fine-tune on the run's pre-training BBC articles, score the articles it never saw.
+
+    ``select=True`` is for choosing the recipe: it scores a seeded 10% of the *training* articles
+    instead (the held-out articles stay untouched) and fine-tunes on the other 90%.
+    """
     import transformers
 
     run = Path(run)
@@ -102,6 +107,10 @@ def bbc_topic_accuracy(run: str | Path, dc: DownstreamConfig = DownstreamConfig(
     span = ts.spans["bbc"]
     train = [int(i) for i in ts.train if int(i) in span]
     held_out = [int(i) for i in np.concatenate([ts.val, ts.test]) if int(i) in span]
+    if select:
+        perm = np.random.default_rng(12345).permutation(len(train))
+        cut = len(train) // 10
+        train, held_out = [train[i] for i in perm[cut:]], [train[i] for i in perm[:cut]]
     seq, sp = min(dc.finetune_seq_len, int(data_cfg["seq_len"])), ts.special
 
     def encode(idx):
@@ -136,7 +145,7 @@ def bbc_topic_accuracy(run: str | Path, dc: DownstreamConfig = DownstreamConfig(
     with torch.no_grad():
         pred = torch.cat([model(input_ids=x_te[i:i + 64], attention_mask=(x_te[i:i + 64] != sp["pad"]).long()).logits.argmax(-1)
                           for i in range(0, len(held_out), 64)])
-    return {"task": "bbc_topics", "train_articles": len(train), "held_out_articles": len(held_out),
+    return {"task": "bbc_topics" + ("_selection" if select else ""), "lr": dc.finetune_lr, "train_articles": len(train), "held_out_articles": len(held_out),
             "final_train_loss": out.loss.item(), "accuracy": (pred == y_te).float().mean().item()}
 
 

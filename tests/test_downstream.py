@@ -67,6 +67,9 @@ def test_bbc_fine_tuning_classifies_only_articles_held_out_of_pretraining(tmp_pa
     saved = json.loads((tmp_path / "bert" / "downstream.json").read_text())
     assert saved["accuracy"] == r1["accuracy"] and saved["provenance"]["config"]["finetune_steps"] == 4
     assert bbc_topic_accuracy(tmp_path / "bert", dc)["accuracy"] == r1["accuracy"]  # seeded: reproducible
+    sel = bbc_topic_accuracy(tmp_path / "bert", dc, select=True)  # recipe choice: training articles only
+    assert sel["held_out_articles"] == len(ts.train) // 10
+    assert sel["train_articles"] + sel["held_out_articles"] == len(ts.train)
 
 
 def test_downstream_needs_a_finished_run(tmp_path):
