@@ -76,6 +76,7 @@ def collect(results: str | Path = "results") -> pd.DataFrame:
             row.update({"baseline_full_val_loss": b["final_full_val"]["val_loss"],
                         "baseline_test": next(iter(b["final_test"].values())),
                         "target_val_loss": c["target_val_loss"], "baseline_flops": c["baseline_flops"],
+                        "baseline_total_flops": c["baseline_total_flops"],
                         "vcycle_total_flops": c["vcycle_total_flops"], "reached": c["reached"],
                         "vcycle_flops": c.get("vcycle_flops"), "flops_saving_pct": c.get("flops_saving_pct"),
                         "wall_saving_pct": c.get("wall_saving_pct"),
@@ -108,8 +109,7 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
                 acc_flops_saving_pct=("acc_flops_saving_pct", "mean"),
                 baseline_flops=("baseline_flops", "mean"), vcycle_flops_to_target=("vcycle_flops", "mean"),
                 vcycle_total_flops=("vcycle_total_flops", "mean"))
-    base = g["baseline_flops"].mean()
-    out["vcycle_flops_over_baseline"] = out["vcycle_flops_over_baseline"] / base
+    out["vcycle_flops_over_baseline"] = out["vcycle_flops_over_baseline"] / g["baseline_total_flops"].mean()
     return out.reset_index()
 
 

@@ -37,7 +37,7 @@ def compare_runs(baseline_dir: str | Path, vcycle_dir: str | Path) -> dict:
     vc_last = _evals(vc, final_phase)[-1]
     out = {
         "target_val_loss": target,
-        "baseline_flops": b["flops"], "baseline_wall": b["wall"],
+        "baseline_flops": b["flops"], "baseline_wall": b["wall"], "baseline_total_flops": base_evals[-1]["flops"],
         "vcycle_final_val_loss": vc_last["val_loss"],
         "vcycle_total_flops": vc_last["flops"], "vcycle_total_wall": vc_last["wall"],
         "reached": v is not None,
