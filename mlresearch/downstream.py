@@ -127,8 +127,9 @@ def bbc_topic_accuracy(run: str | Path, dc: DownstreamConfig = DownstreamConfig(
     transformers.logging.set_verbosity_error()  # the new classifier head's "newly initialized" notice
     model = transformers.BertForSequenceClassification.from_pretrained(str(model_dir), num_labels=5)
     opt = torch.optim.AdamW(model.parameters(), lr=dc.finetune_lr, weight_decay=0.01)
+    decay = dc.finetune_steps - dc.finetune_warmup
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / dc.finetune_warmup, max(0.0, (dc.finetune_steps - s) / (dc.finetune_steps - dc.finetune_warmup))))
+        opt, lambda s: min((s + 1) / dc.finetune_warmup, max(0.0, (dc.finetune_steps - s) / decay)))
     gen = torch.Generator().manual_seed(dc.seed)
     order = torch.cat([torch.randperm(len(train), generator=gen)
                        for _ in range(dc.finetune_steps * dc.finetune_batch // len(train) + 1)])
@@ -143,9 +144,10 @@ def bbc_topic_accuracy(run: str | Path, dc: DownstreamConfig = DownstreamConfig(
         opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
     model.eval()
     with torch.no_grad():
-        pred = torch.cat([model(input_ids=x_te[i:i + 64], attention_mask=(x_te[i:i + 64] != sp["pad"]).long()).logits.argmax(-1)
-                          for i in range(0, len(held_out), 64)])
-    return {"task": "bbc_topics" + ("_selection" if select else ""), "lr": dc.finetune_lr, "train_articles": len(train), "held_out_articles": len(held_out),
+        pred = torch.cat([model(input_ids=x, attention_mask=(x != sp["pad"]).long()).logits.argmax(-1)
+                          for x in x_te.split(64)])
+    return {"task": "bbc_topics" + ("_selection" if select else ""), "lr": dc.finetune_lr,
+            "train_articles": len(train), "held_out_articles": len(held_out),
             "final_train_loss": out.loss.item(), "accuracy": (pred == y_te).float().mean().item()}
 
 

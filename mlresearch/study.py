@@ -140,15 +140,20 @@ def paper_style(table: pd.DataFrame) -> pd.DataFrame:
         "model": table.experiment, "levels": table.levels, "alpha": table.alpha,
         "variant": table.scheme + ", optimizer " + table.optimizer + ", budget " + table.budget,
         "seeds": table.seeds, "baseline FLOPs": table.baseline_flops.map("{:.3g}".format),
-        "V-cycle FLOPs": [f"not reached by {r0:.3g}" if r == 0 else f"{t:.3g}" + ("" if r == s else f" ({int(r)}/{int(s)} seeds)")
-                          for t, r, s, r0 in zip(table.vcycle_flops_to_target, table.reached, table.seeds,
-                                                 table.vcycle_total_flops)],
+        "V-cycle FLOPs": [_vcycle_flops_cell(*r) for r in zip(table.vcycle_flops_to_target, table.reached,
+                                                                table.seeds, table.vcycle_total_flops)],
         "FLOPs saving %": table.flops_saving_pct.round(1), "wall saving %": table.wall_saving_pct.round(1),
         "final metric vs baseline": [_downstream_cell(r) for r in table.itertuples(index=False)],
         "source": "ours (measured, tiny, CPU)"})
     paper = PAPER.rename(columns={"flops_saving_pct": "FLOPs saving %", "wall_saving_pct": "wall saving %"})
     paper = paper.assign(**{"final metric vs baseline": "preserved (reported)"})
     return pd.concat([ours, paper], ignore_index=True)
+
+
+def _vcycle_flops_cell(to_target: float, reached: int, seeds: int, total: float) -> str:
+    if reached == 0:
+        return f"not reached by {total:.3g}"
+    return f"{to_target:.3g}" + ("" if reached == seeds else f" ({int(reached)}/{int(seeds)} seeds)")
 
 
 def _downstream_cell(row) -> str:
