@@ -26,6 +26,7 @@ from .data import corpora
 from .data.datasets import DataError, text_split
 from .results import provenance, write_json
 from .training.config import load_config
+from .training.models import data_settings
 
 
 @dataclass
@@ -48,7 +49,7 @@ def _run_parts(run: Path):
             raise FileNotFoundError(f"{run} is not a finished run: {p.name} is missing")
     summary = json.loads(summary_path.read_text())
     cfg = load_config(run / "config.yaml")
-    data_cfg = asdict(cfg.data)
+    data_cfg = data_settings(cfg)
     source = summary.get("data", {}).get("source", "")
     if cfg.task != "image_cls" and source and not source.startswith("local:"):
         # The corpora the run actually used (its summary), not the config's list, which may name

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +17,11 @@ def probe_batch(config_path: str | Path, examples: int = 16) -> dict:
     """The first ``examples`` validation examples of a config's data (model inputs only)."""
     from ..results import REPO
     from ..training.config import load_config
+    from ..training.models import data_settings
 
     preset = REPO / "experiments" / "configs" / f"{config_path}.yaml"
     cfg = load_config(config_path if Path(config_path).exists() or not preset.exists() else preset)
-    data_cfg = asdict(cfg.data)
-    if cfg.task == "image_cls" and not data_cfg["img_size"]:
-        data_cfg["img_size"] = cfg.model.options.get("img_size", 28)
-    data = load_data(cfg.task, data_cfg, cfg.seed)
+    data = load_data(cfg.task, data_settings(cfg), cfg.seed)
     idx = np.arange(min(examples, len(data.val)))
     return {k: v for k, v in make_batch(data, "val", idx, 10**9, cfg.seed).items() if k != "labels"}
 

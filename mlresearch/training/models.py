@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import torch
 from torch import nn
 
@@ -13,6 +15,15 @@ from .config import ConfigError, RunConfig
 def model_sizes(cfg: RunConfig) -> Sizes:
     m = cfg.model
     return Sizes(m.layers, m.heads, m.kv_heads or m.heads, m.hidden, m.ffn or 4 * m.hidden, m.hidden // m.heads)
+
+
+def data_settings(cfg: RunConfig) -> dict:
+    """The run's data section as :func:`~mlresearch.data.datasets.load_data` takes it (images are
+    loaded at the model's input size unless ``data.img_size`` says otherwise)."""
+    settings = asdict(cfg.data)
+    if cfg.task == "image_cls" and not settings["img_size"]:
+        settings["img_size"] = cfg.model.options.get("img_size", 28)
+    return settings
 
 
 def model_options(cfg: RunConfig, vocab_size: int | None, special: dict | None = None) -> dict:

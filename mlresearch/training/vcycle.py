@@ -21,7 +21,6 @@ import copy
 import json
 import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ from ..operators import coalesce, coalesce_state, decoalesce, decoalesce_state, 
 from ..results import REPO, provenance, write_json
 from .config import ConfigError, RunConfig
 from .engine import Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, read_metrics, train_phase
-from .models import build_model, scheme_for
+from .models import build_model, data_settings, scheme_for
 
 
 def default_out(cfg: RunConfig, kind: str) -> Path:
@@ -113,10 +112,7 @@ class Run:
         self.log = MetricsLog(self.out / "metrics.jsonl", main)
         self.ledger = Ledger()
         torch.manual_seed(cfg.seed)
-        data_cfg = asdict(cfg.data)
-        if cfg.task == "image_cls" and not data_cfg["img_size"]:
-            data_cfg["img_size"] = cfg.model.options.get("img_size", 28)
-        self.data = load_data(cfg.task, data_cfg, cfg.seed)
+        self.data = load_data(cfg.task, data_settings(cfg), cfg.seed)
         self.phases: list[dict] = []
 
     def new_model(self):
