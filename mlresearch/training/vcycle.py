@@ -211,9 +211,11 @@ def run_vcycle(cfg: RunConfig, out: Path | None = None, resume: bool = False, ov
         partners[k] = copy.deepcopy(model)  # M_k right before coalescing
         if run.accelerator.is_main_process:
             save_model(partners[k], run.ckpt / f"partner{k}", overwrite=True)
-        schemes[k] = scheme_for(cfg, model, batches=run.probe_batches())
-        if v.scheme == "similarity":
+        if v.scheme == "similarity":  # measured on fixed validation batches
+            schemes[k] = scheme_for(cfg, model, batches=run.probe_batches())
             run.log_event({"event": "scheme", "level": k, **schemes[k].to_dict()})
+        else:
+            schemes[k] = scheme_for(cfg, model)
         if carry and optimizer is not None:
             model, optimizer = run.operator("coalesce", k, lambda: coalesce_state(model, optimizer, schemes[k]))
         else:
