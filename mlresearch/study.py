@@ -103,13 +103,12 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
                 flops_saving_pct=("flops_saving_pct", "mean"), flops_saving_std=("flops_saving_pct", "std"),
                 wall_saving_pct=("wall_saving_pct", "mean"),
                 final_val_loss_gap=("final_val_loss_gap", "mean"), final_val_loss_gap_std=("final_val_loss_gap", "std"),
-                vcycle_flops_over_baseline=("vcycle_total_flops", "mean"),
                 task=("task", "first"), vcycle_downstream=("vcycle_downstream", "mean"),
                 baseline_downstream=("baseline_downstream", "mean"), downstream_runs=("vcycle_downstream", "count"),
                 acc_flops_saving_pct=("acc_flops_saving_pct", "mean"), reached_acc=("reached_acc", "sum"),
                 baseline_flops=("baseline_flops", "mean"), vcycle_flops_to_target=("vcycle_flops", "mean"),
                 vcycle_total_flops=("vcycle_total_flops", "mean"))
-    out["vcycle_flops_over_baseline"] = out["vcycle_flops_over_baseline"] / g["baseline_total_flops"].mean()
+    out["vcycle_flops_over_baseline"] = out["vcycle_total_flops"] / g["baseline_total_flops"].mean()
     return out.reset_index()
 
 
