@@ -89,6 +89,19 @@ def test_resuming_with_another_config_is_refused(gpt2_run, tmp_path):
         run_baseline(smoke("gpt2", "train.lr=0.01"), gpt2_run, resume=True)
 
 
+def test_settings_added_after_a_run_count_as_their_defaults(tmp_path):
+    import yaml
+
+    from mlresearch.training.vcycle import config_differences
+
+    stored = smoke("gpt2").to_dict()
+    del stored["train"]["keep_snapshots"], stored["vcycle"]["tag"]  # as written before these settings existed
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(stored))
+    assert config_differences(tmp_path, smoke("gpt2")) == []
+    assert config_differences(tmp_path, smoke("gpt2", "train.keep_snapshots=true", "train.lr=0.01")) == \
+        ["train.keep_snapshots", "train.lr"]
+
+
 def test_compare_also_measures_the_accuracy_target(tmp_path):
     def write(path, rows):
         path.mkdir()

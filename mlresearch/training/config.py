@@ -100,6 +100,18 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "vcycle": VCycleConfig}
+
+
+def default_value(dotted: str) -> Any:
+    """The default of a ``section.key`` setting (``dataclasses.MISSING`` for required ones)."""
+    section, _, key = dotted.partition(".")
+    for f in dataclasses.fields(SECTIONS.get(section, RunConfig) if key else RunConfig):
+        if f.name == (key or section):
+            return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return dataclasses.MISSING
+
+
 def _check_keys(data: Any, cls, where: str) -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")

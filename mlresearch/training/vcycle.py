@@ -31,7 +31,7 @@ from ..checkpoint import load_model, save_model
 from ..data.datasets import load_data
 from ..operators import coalesce, coalesce_state, decoalesce, decoalesce_state, interpolate
 from ..results import REPO, provenance, write_json
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, default_value
 from .engine import Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, read_metrics, train_phase
 from .models import build_model, data_settings, scheme_for
 
@@ -62,9 +62,10 @@ def config_differences(out: Path, cfg: RunConfig) -> list[str]:
                 yield f"{prefix}{k}", list(v) if isinstance(v, tuple) else v
 
     old, new = dict(flat(stored)), dict(flat(cfg.to_dict()))
-    skip = {"train.threads"}
-    return sorted(k for k in new if k not in skip and k in old and old[k] != new[k]) + \
-        sorted(k for k in new if k not in old and new[k] not in (None, "", [], {}))
+    for k in new.keys() - old.keys():  # a setting added after the run was written: it had its default
+        default = default_value(k)
+        old[k] = list(default) if isinstance(default, tuple) else default
+    return sorted(k for k in new if k != "train.threads" and old[k] != new[k])
 
 
 class Run:
