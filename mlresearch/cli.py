@@ -4,6 +4,7 @@
     mlresearch vcycle  CONFIG [--out DIR] [--resume] [--baseline]        V-cycle (and its baseline)
     mlresearch compare BASELINE_RUN VCYCLE_RUN                           FLOPs/wall saving
     mlresearch table [--readme README.md]                                study tables from results/
+    mlresearch downstream RUN_DIR... [--skip-done]                       downstream checks of finished runs
     mlresearch similarity --run DIR | --model DIR [--data CONFIG] --metric cka --out DIR
     mlresearch new gpt2 --out DIR --layers 4 --heads 4 --hidden 128 [--set vocab_size=8192]
     mlresearch map coalesce    --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
@@ -97,12 +98,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set)
     if args.skip_done:
-        from .training.vcycle import default_out
+        from .training.vcycle import config_differences, default_out
 
         out = Path(args.out) if args.out else default_out(cfg, "baseline" if args.command == "train" else "vcycle")
         if (out / "summary.json").exists():
-            from .training.vcycle import config_differences
-
             changed = config_differences(out, cfg)
             note = f" (WARNING: its config differs in {', '.join(changed)})" if changed else ""
             print(f"{args.command}: {out} is complete (summary.json); skipped{note}")
