@@ -14,7 +14,7 @@ run() {  # run KIND CONFIG [overrides...]
   local kind=$1 config=$2; shift 2
   local sets=()
   for o in "$@"; do sets+=(--set "$o"); done
-  mlresearch "$kind" "$config" --resume --skip-done "${sets[@]}"
+  mlresearch "$kind" "$config" --root results --resume --skip-done "${sets[@]}"
 }
 
 study() {  # study MODEL

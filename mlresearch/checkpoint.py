@@ -5,6 +5,7 @@ arguments). Writes go to a temporary sibling directory that is renamed only on s
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -16,24 +17,74 @@ from typing import Iterator
 from torch import nn
 
 from .errors import CheckpointError
+from .faults import fault_point
 from .families import FAMILIES, family_of
 
 WEIGHTS = "model.safetensors"
 
 
+def _owner_alive(leftover: Path) -> bool:
+    """Whether the process that named ``leftover`` (``...-<pid>`` or ``...-<pid>-<random>``) still runs."""
+    try:
+        pid = int(leftover.name.rsplit(".", 1)[-1].split("-")[1])
+        os.kill(pid, 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return pid != os.getpid()  # our own leftovers are from a write this process already gave up
+
+
+def recover(path: str | os.PathLike) -> None:
+    """Finish what a killed :func:`atomic_dir` / :func:`atomic_write_text` left at ``path``.
+
+    A replace is two renames (``path`` -> ``.name.old-<pid>``, temporary -> ``path``). Killed
+    between them, ``path`` is missing and the old version holds the last complete content: it is
+    put back. Temporaries and old versions of dead processes are removed; a live writer's are
+    left alone.
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        return
+    olds = sorted(p for p in path.parent.glob(f".{glob.escape(path.name)}.old-*") if not _owner_alive(p))
+    if olds and not path.exists():
+        os.replace(olds.pop(), path)
+    for left in olds + [p for p in path.parent.glob(f".{glob.escape(path.name)}.tmp-*") if not _owner_alive(p)]:
+        if left.is_dir():
+            shutil.rmtree(left, ignore_errors=True)
+        else:
+            left.unlink(missing_ok=True)
+
+
+def recover_tree(root: str | os.PathLike) -> None:
+    """:func:`recover` every interrupted write below ``root`` (a run directory, under its lock)."""
+    root = Path(root)
+    names = {(p.parent, p.name[1:].rsplit(".", 1)[0]) for p in root.rglob(".*.*-*")
+             if p.name.rsplit(".", 1)[-1].startswith(("tmp-", "old-"))}
+    for parent, name in sorted(names):
+        recover(parent / name)
+
+
 @contextmanager
 def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory that replaces ``path`` only if the block succeeds."""
+    """Yield a temporary directory that replaces ``path`` only if the block succeeds.
+
+    A kill at any instant leaves either the previous ``path`` or the new one (see :func:`recover`).
+    """
     path = Path(path)
+    recover(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists (pass overwrite=True / --overwrite to replace it)")
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"{path} is a file, not a directory")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
     try:
         yield tmp
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
+            fault_point(f"between-renames:{path.name}")
             os.replace(tmp, path)
             shutil.rmtree(old, ignore_errors=True)
         else:
@@ -44,8 +95,9 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Pat
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -53,6 +105,103 @@ def atomic_write_text(path: Path, text: str) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+# ----------------------------------------------------------------------------- training state
+# Optimizer, scheduler, RNG and ledger state as JSON plus one safetensors file of its tensors:
+# neither format can run code when read (pickle, and so torch.load of arbitrary files, can).
+STATE_JSON, STATE_TENSORS, LEGACY_STATE = "state.json", "state.safetensors", "state.pt"
+
+
+def save_state(directory: str | os.PathLike, state: dict) -> None:
+    """Write a nested structure of dicts, lists, tuples, numbers, strings, tensors and numpy
+    arrays to ``directory/state.json`` + ``state.safetensors`` (inside an atomic directory)."""
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    tensors: dict[str, "torch.Tensor"] = {}
+
+    def encode(x, key: str):
+        if isinstance(x, torch.Tensor):
+            tensors[key] = x.detach().cpu().contiguous()
+            return {"__tensor__": key}
+        if isinstance(x, np.ndarray):
+            return {"__ndarray__": x.tolist(), "dtype": str(x.dtype)}
+        if isinstance(x, np.generic):
+            return x.item()
+        if isinstance(x, tuple):
+            return {"__tuple__": [encode(v, f"{key}.{i}") for i, v in enumerate(x)]}
+        if isinstance(x, list):
+            return [encode(v, f"{key}.{i}") for i, v in enumerate(x)]
+        if isinstance(x, dict):  # keys may be ints (optimizer state by parameter index)
+            return {"__dict__": [[k, encode(v, f"{key}.{i}")] for i, (k, v) in enumerate(x.items())]}
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return x
+        raise CheckpointError(f"cannot store a {type(x).__name__} in a checkpoint's state ({key})")
+
+    doc = encode(state, "s")
+    directory = Path(directory)
+    save_file(tensors, str(directory / STATE_TENSORS))
+    (directory / STATE_JSON).write_text(json.dumps(doc))
+
+
+def _decode(x, tensors):
+    import numpy as np
+
+    if isinstance(x, list):
+        return [_decode(v, tensors) for v in x]
+    if isinstance(x, dict):
+        if "__tensor__" in x:
+            return tensors[x["__tensor__"]]
+        if "__ndarray__" in x:
+            return np.asarray(x["__ndarray__"], dtype=x["dtype"])
+        if "__tuple__" in x:
+            return tuple(_decode(v, tensors) for v in x["__tuple__"])
+        return {k: _decode(v, tensors) for k, v in x["__dict__"]}
+    return x
+
+
+def state_exists(directory: str | os.PathLike) -> bool:
+    directory = Path(directory)
+    return (directory / STATE_JSON).is_file() or (directory / LEGACY_STATE).is_file()
+
+
+def load_state(directory: str | os.PathLike) -> dict:
+    """Read :func:`save_state`'s files; a run written before them (``state.pt``) is read with
+    ``torch.load(weights_only=True)``, which admits tensors and plain containers only."""
+    directory = Path(directory)
+    if not (directory / STATE_JSON).is_file():
+        return _load_legacy_state(directory / LEGACY_STATE)
+    from safetensors.torch import load_file
+
+    try:
+        doc = json.loads((directory / STATE_JSON).read_text())
+        tensors = load_file(str(directory / STATE_TENSORS))
+        return _decode(doc, tensors)
+    except Exception as exc:  # truncated, corrupt or missing files
+        raise CheckpointError(f"training state in {directory} is unreadable ({type(exc).__name__}: {exc}); "
+                              "delete that checkpoint directory to resume from an earlier one, or start over") from exc
+
+
+def _load_legacy_state(path: Path) -> dict:
+    import warnings
+
+    import numpy as np
+    import torch
+
+    if not path.is_file():
+        raise CheckpointError(f"no training state in {path.parent}")
+    warnings.warn(f"{path} is in the old pickle-based format; reading it with weights_only=True (tensors and "
+                  "plain containers only). The next checkpoint is written as state.json + state.safetensors.",
+                  stacklevel=2)
+    numpy_globals = [np.dtype, np.ndarray, np.core.multiarray._reconstruct, type(np.dtype(np.uint32))]
+    try:
+        with torch.serialization.safe_globals(numpy_globals):
+            return torch.load(path, weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{path} could not be read safely ({type(exc).__name__}: {exc}); "
+                              "it is refused rather than unpickled") from exc
 
 
 def read_structured(path: str | os.PathLike, what: str, error: type[Exception], fmt: str = "json"):

@@ -17,7 +17,10 @@ Every output directory is written to a temporary sibling and renamed only on suc
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -94,38 +97,29 @@ def _cmd_new(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from .training.config import load_config
-    from .training.vcycle import run_baseline, run_vcycle
+    from .training.vcycle import config_differences, default_out, run_baseline, run_vcycle
 
     cfg = load_config(args.config, args.set)
-    if args.skip_done:
-        from .training.vcycle import config_differences, default_out
-
-        out = Path(args.out) if args.out else default_out(cfg, "baseline" if args.command == "train" else "vcycle")
-        if (out / "summary.json").exists():
-            changed = config_differences(out, cfg)
-            note = f" (WARNING: its config differs in {', '.join(changed)})" if changed else ""
-            print(f"{args.command}: {out} is complete (summary.json); skipped{note}")
-            return 0
-    if args.command == "train":
-        summary = run_baseline(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
-        _print_summary(summary)
+    kind = "baseline" if args.command == "train" else "vcycle"
+    out = Path(args.out) if args.out else default_out(cfg, kind, args.root)
+    if args.skip_done and (out / "summary.json").exists():
+        changed = config_differences(out, cfg)
+        note = f" (WARNING: its config differs in {', '.join(changed)})" if changed else ""
+        print(f"{args.command}: {out} is complete (summary.json); skipped{note}")
         return 0
     base_out = None
-    if args.baseline:
-        from .training.vcycle import default_out
-
-        base_out = default_out(cfg, "baseline")
-        if (base_out / "summary.json").exists():
+    if kind == "vcycle" and args.baseline:
+        base_out = default_out(cfg, "baseline", args.root)
+        if (base_out / "summary.json").exists() and not config_differences(base_out, cfg):
             print(f"baseline: reusing {base_out}")
         else:
             _print_summary(run_baseline(cfg, base_out, resume=base_out.exists()))
-    summary = run_vcycle(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
-    _print_summary(summary)
+    run = run_baseline if kind == "baseline" else run_vcycle
+    _print_summary(run(cfg, out, resume=args.resume, overwrite=args.overwrite))
     if base_out is not None:
         from .training.compare import compare_runs, format_comparison
-        from .training.vcycle import default_out
 
-        print(format_comparison(compare_runs(base_out, args.out or default_out(cfg, "vcycle"))))
+        print(format_comparison(compare_runs(base_out, out)))
     return 0
 
 
@@ -178,6 +172,7 @@ def _cmd_table(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlresearch", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a failure (or set MLRESEARCH_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     from .families import FAMILIES
@@ -185,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("train", "train a baseline from scratch"), ("vcycle", "run the V-cycle")):
         p = sub.add_parser(name, help=text)
         p.add_argument("config", help="YAML config (experiments/configs/*.yaml)")
-        p.add_argument("--out", help="run directory (default results/<experiment>/<run>)")
+        p.add_argument("--out", help="run directory (default ROOT/<experiment>/<run>)")
+        p.add_argument("--root", help="where default run directories go (default $MLRESEARCH_RUNS or ./runs; "
+                                      "the committed study uses --root results)")
         p.add_argument("--resume", action="store_true", help="continue a killed run from its checkpoints")
         p.add_argument("--overwrite", action="store_true", help="start over in an existing run directory")
         p.add_argument("--skip-done", action="store_true", help="do nothing if the run already has its summary")
@@ -265,15 +262,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from transformers.utils import logging as hf_logging
+def _resume_hint(args: argparse.Namespace, argv: Sequence[str]) -> str:
+    if getattr(args, "command", None) in ("train", "vcycle"):
+        again = [a for a in argv if a != "--overwrite"] + ([] if args.resume else ["--resume"])
+        return f"; checkpoints are kept: continue with `mlresearch {shlex.join(again)}`"
+    return ""
 
-    hf_logging.disable_progress_bar()  # per-shard bars add noise to one-line reports
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("MLRESEARCH_DEBUG", "") not in ("", "0")
     try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # per-shard bars add noise to one-line reports
         return args.func(args)
-    except (MLResearchError, FileExistsError, ValueError, TypeError) as exc:
-        print(f"mlresearch: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"\nmlresearch: interrupted{_resume_hint(args, argv)}", file=sys.stderr)
+        return 130
+    except Exception as exc:  # one line for the user; --debug for the traceback
+        if debug:
+            raise
+        if isinstance(exc, (MLResearchError, ValueError, TypeError)):
+            message = str(exc)
+        elif isinstance(exc, OSError):
+            message = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
+            if getattr(exc, "errno", None) == errno.ENOSPC:
+                message = f"no space left on the device ({exc.filename or 'while writing'})"
+        else:
+            message = f"internal error {type(exc).__name__}: {exc} (rerun with --debug for the traceback)"
+        message = " ".join(message.split())  # one line
+        hint = _resume_hint(args, argv) if getattr(exc, "errno", None) == errno.ENOSPC else ""
+        print(f"mlresearch: error: {message}{hint}", file=sys.stderr)
         return 2
 
 

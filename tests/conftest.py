@@ -34,3 +34,13 @@ def smoke(name, *overrides):
     from mlresearch.training.config import load_config
 
     return load_config(CONFIGS / f"{name}_smoke.yaml", list(overrides))
+
+
+def write_run(path, rows, kind, experiment="fixture", seed=0):
+    """A finished run directory with the given metrics rows (for compare/table tests)."""
+    import json
+
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "summary.json").write_text(json.dumps({"kind": kind, "experiment": experiment, "seed": seed}))
+    return path

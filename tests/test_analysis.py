@@ -235,3 +235,17 @@ def test_similarity_over_training_cli(tmp_path, monkeypatch):
                  "--data", "deit_smoke", "--out", str(tmp_path / "sim2")]) == 0
     js = pd.read_csv(tmp_path / "sim2" / "similarity.csv")
     assert set(js.metric) == {"js"} and js.value.min() >= 0
+
+
+def test_js_divergence_is_pinned_to_known_values_in_nats():
+    from mlresearch.analysis.metrics import js_divergence
+
+    eye = torch.eye(4).reshape(1, 1, 4, 4)  # (batch, heads, query, key): one-hot attention rows
+    shifted = torch.roll(eye, 1, dims=-1)  # every row's mass on another key: disjoint supports
+    assert js_divergence(eye, shifted) == pytest.approx(np.log(2), abs=1e-6)
+    assert js_divergence(eye, eye) == pytest.approx(0.0, abs=1e-9)
+    # p = (1, 0) vs q = (1/2, 1/2): m = (3/4, 1/4); JS = (KL(p||m) + KL(q||m)) / 2, by hand.
+    p = torch.tensor([[[[1.0, 0.0]]]])
+    q = torch.tensor([[[[0.5, 0.5]]]])
+    by_hand = 0.5 * (np.log(4 / 3) + 0.5 * np.log(2 / 3) + 0.5 * np.log(2))
+    assert js_divergence(p, q) == pytest.approx(by_hand, abs=1e-6)

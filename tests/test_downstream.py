@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import smoke
+from conftest import smoke, write_run
 
 from mlresearch.checkpoint import load_model
 from mlresearch.data import corpora
@@ -103,13 +103,9 @@ def test_settings_added_after_a_run_count_as_their_defaults(tmp_path):
 
 
 def test_compare_also_measures_the_accuracy_target(tmp_path):
-    def write(path, rows):
-        path.mkdir()
-        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-    write(tmp_path / "b", [{"phase": "baseline", "step": s, "val_loss": v, "val_acc": a, "flops": f, "wall": f}
+    write_run(tmp_path / "b", kind="baseline", rows=[{"phase": "baseline", "step": s, "val_loss": v, "val_acc": a, "flops": f, "wall": f}
                            for s, v, a, f in ((1, 3.0, 0.5, 100.0), (2, 2.5, 0.7, 200.0), (3, 2.0, 0.8, 400.0))])
-    write(tmp_path / "v", [{"phase": "up1", "step": 1, "val_loss": 2.6, "val_acc": 0.81, "flops": 300.0, "wall": 3.0},
+    write_run(tmp_path / "v", kind="vcycle", rows=[{"phase": "up1", "step": 1, "val_loss": 2.6, "val_acc": 0.81, "flops": 300.0, "wall": 3.0},
                            {"phase": "up1", "step": 2, "val_loss": 2.1, "val_acc": 0.79, "flops": 500.0, "wall": 5.0}])
     c = compare_runs(tmp_path / "b", tmp_path / "v")
     assert not c["reached"] and c["reached_acc"]

@@ -1,25 +1,60 @@
-"""Notebooks run top to bottom against the committed results (no training inside)."""
+"""Notebooks run top to bottom against the committed results (no training inside), and the numbers
+they show equal ones recomputed here from the runs' metrics files alone."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+# A cell the test appends to notebooks whose table is built from `runs`: it prints what they show.
+DUMP = ("print('RUNS-JSON', runs[['experiment', 'run', 'seed', 'reached', 'flops_saving_pct']]"
+        ".to_json(orient='records'))")
+
+
+def _evals(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if "val_loss" in r and "event" not in r]
+
+
+def recomputed_saving(experiment: str, run: str, seed: int) -> float | None:
+    """FLOPs saving at the baseline's final validation loss, from metrics.jsonl alone (None: not reached)."""
+    base = _evals(REPO / "results" / experiment / f"baseline-seed{seed}")
+    target = base[-1]["val_loss"]
+    first_base = next(r for r in base if r["val_loss"] <= target)
+    runs = _evals(REPO / "results" / experiment / run)
+    final_phase = runs[-1]["phase"]
+    hit = next((r for r in runs if r["phase"] == final_phase and r["val_loss"] <= target), None)
+    return None if hit is None else 100 * (1 - hit["flops"] / first_base["flops"])
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_executes(path, tmp_path):
+def test_notebook_executes_and_shows_the_results(path):
     nb = nbformat.read(path, as_version=4)
+    shows_runs = any("runs = study.collect" in c.source for c in nb.cells if c.cell_type == "code")
+    if shows_runs:
+        nb.cells.append(nbformat.v4.new_code_cell(DUMP))
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert not errors
-    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert images, "the notebook should show figures"
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    assert [o for o in outputs if "image/png" in o.get("data", {})], "the notebook should show figures"
+    if not shows_runs:
+        return
+    (dump,) = [o["text"] for o in outputs if o.get("name") == "stdout" and o["text"].startswith("RUNS-JSON")]
+    shown = json.loads(dump.split(" ", 1)[1])
+    assert len(shown) == len(list((REPO / "results").glob("*/vcycle-*/summary.json"))) > 0
+    for row in shown:
+        expected = recomputed_saving(row["experiment"], row["run"], row["seed"])
+        assert bool(row["reached"]) == (expected is not None), row
+        if expected is not None:
+            assert row["flops_saving_pct"] == pytest.approx(expected, abs=1e-9), row
 
 
-def test_there_are_notebooks():
-    assert any(p.name == "similarity_maps.ipynb" for p in NOTEBOOKS)
+def test_the_study_notebooks_are_there():
+    assert {p.name for p in NOTEBOOKS} >= {"similarity_maps.ipynb", "flops_saving.ipynb",
+                                           "adaptive_vs_fixed_alpha.ipynb"}

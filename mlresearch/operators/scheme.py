@@ -8,6 +8,7 @@ small model's layer ``i``. Coalescing and de-coalescing read the same object.
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +25,14 @@ _JSON_KEYS = {"width_scheme", "depth_scheme", "reserved_heads", "reserved_layers
 def _as_groups(value: Any, what: str) -> Groups | None:
     if value is None:
         return None
-    try:
-        groups = tuple(tuple(int(i) for i in group) for group in value)
-    except (TypeError, ValueError) as exc:
-        raise SchemeError(f"{what} must be a list of lists of integers, got {value!r}") from exc
+    # Integers only: int() would turn 1.7 into 1, True into 1 and "0" into 0 without a word.
+    def is_index(i: Any) -> bool:
+        return isinstance(i, numbers.Integral) and not isinstance(i, bool)
+
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(group, (list, tuple)) and all(is_index(i) for i in group) for group in value):
+        raise SchemeError(f"{what} must be a list of lists of integers, got {value!r}")
+    groups = tuple(tuple(int(i) for i in group) for group in value)
     if not groups or any(len(g) == 0 for g in groups):
         raise SchemeError(f"{what} must be a non-empty list of non-empty groups, got {value!r}")
     return groups

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..checkpoint import read_structured
+from ..errors import MLResearchError
 from .engine import read_metrics
 
 
@@ -26,7 +28,37 @@ def reach(rows, target: float, phase: str | None = None, key: str = "val_loss") 
     return None
 
 
+class CompareError(MLResearchError, ValueError):
+    """The two runs cannot be compared (unfinished, swapped, another experiment or seed)."""
+
+
+def _finished(run: Path, role: str) -> dict:
+    path = run / "summary.json"
+    if not path.is_file():
+        raise CompareError(f"{run} is not a finished run (no summary.json): finish it (--resume) before comparing")
+    summary = read_structured(path, f"{role} summary", CompareError)
+    if not isinstance(summary, dict):
+        raise CompareError(f"{path} is not a run summary")
+    return summary
+
+
+def check_comparable(baseline_dir: str | Path, vcycle_dir: str | Path) -> None:
+    """Refuse pairs whose saving would mean nothing: unfinished runs, arguments in the wrong order,
+    runs of different experiments or seeds."""
+    base, other = _finished(Path(baseline_dir), "baseline"), _finished(Path(vcycle_dir), "compared")
+    if base.get("kind") != "baseline":
+        hint = " (the arguments are in the wrong order?)" if other.get("kind") == "baseline" else ""
+        raise CompareError(f"the first run must be a baseline; {baseline_dir} is a {base.get('kind')!r} run{hint}")
+    if other.get("kind") == "baseline":
+        raise CompareError(f"{vcycle_dir} is a baseline too; compare a method's run against its baseline")
+    for key in ("experiment", "seed"):
+        if base.get(key) != other.get(key):
+            raise CompareError(f"the runs differ in {key} ({base.get(key)!r} vs {other.get(key)!r}): a saving is "
+                               "measured against the baseline of the same experiment and seed")
+
+
 def compare_runs(baseline_dir: str | Path, vcycle_dir: str | Path) -> dict:
+    check_comparable(baseline_dir, vcycle_dir)
     base, vc = read_metrics(baseline_dir), read_metrics(vcycle_dir)
     base_evals = _evals(base)
     if not base_evals:

@@ -7,6 +7,7 @@ budget and optimiser) and, for the V-cycle, ``vcycle``. See ``experiments/config
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,20 +132,41 @@ def _build(cls, data: Any, where: str):
     return cls(**data)
 
 
+def _integer(value, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    return value
+
+
 def _positive(value, name: str, zero_ok: bool = False) -> None:
-    if not isinstance(value, int) or value < 0 or (value == 0 and not zero_ok):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (value == 0 and not zero_ok):
         raise ConfigError(f"{name} must be a {'non-negative' if zero_ok else 'positive'} integer, got {value!r}")
+
+
+def _number(value, name: str, low: float, high: float = float("inf"), low_open: bool = False,
+            high_open: bool = False) -> None:
+    """A real number in the interval from ``low`` to ``high`` (open where said)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open or high == float('inf') else ']'}"
+        raise ConfigError(f"{name} must be a number in {interval}, got {value!r}")
+
+
+def _flag(value, name: str) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
 
 
 def parse_config(raw: dict, source: str = "config") -> RunConfig:
     _check_keys(raw, RunConfig, f"the top level of {source}")
     cfg = RunConfig(
-        experiment=str(raw["experiment"]),
+        experiment=raw["experiment"] if isinstance(raw["experiment"], str) else str(raw["experiment"]),
         task=raw["task"],
         model=_build(ModelConfig, raw["model"], "model"),
         data=_build(DataConfig, raw["data"], "data"),
         train=_build(TrainConfig, raw["train"], "train"),
-        seed=int(raw.get("seed", 0)),
+        seed=_integer(raw.get("seed", 0), "seed"),
         vcycle=_build(VCycleConfig, raw["vcycle"], "vcycle") if raw.get("vcycle") is not None else None,
     )
     validate(cfg)
@@ -154,6 +176,9 @@ def parse_config(raw: dict, source: str = "config") -> RunConfig:
 def validate(cfg: RunConfig) -> None:
     from ..families import FAMILIES
 
+    if not re.fullmatch(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]*", cfg.experiment):
+        raise ConfigError(f"experiment names a directory: letters, digits and _ . + - only, not starting with '.', "
+                          f"got {cfg.experiment!r}")
     if cfg.task not in TASKS:
         raise ConfigError(f"task must be one of {sorted(TASKS)}, got {cfg.task!r}")
     if cfg.model.family not in FAMILIES:
@@ -165,18 +190,65 @@ def validate(cfg: RunConfig) -> None:
         _positive(getattr(m, name), f"model.{name}")
     if m.hidden % m.heads:
         raise ConfigError(f"model.hidden {m.hidden} is not divisible by model.heads {m.heads}")
+    for name in ("ffn", "kv_heads"):
+        if getattr(m, name) is not None:
+            _positive(getattr(m, name), f"model.{name}")
+    if m.kv_heads and m.heads % m.kv_heads:
+        raise ConfigError(f"model.heads {m.heads} is not divisible by model.kv_heads {m.kv_heads}")
+    if not isinstance(m.options, dict):
+        raise ConfigError(f"model.options must be a mapping, got {m.options!r}")
+    _validate_data(cfg)
     t = cfg.train
     _positive(t.steps, "train.steps")
     _positive(t.batch_size, "train.batch_size")
     _positive(t.warmup, "train.warmup", zero_ok=True)
+    for name in ("eval_every", "eval_batches", "log_every", "checkpoint_every"):
+        _positive(getattr(t, name), f"train.{name}")
+    if t.threads is not None:
+        _positive(t.threads, "train.threads")
+    if t.grad_clip is not None:
+        _number(t.grad_clip, "train.grad_clip (null or 0 turns clipping off)", 0)
+    _number(t.weight_decay, "train.weight_decay", 0)
+    _number(t.min_lr_ratio, "train.min_lr_ratio", 0, 1)
+    _number(t.eps, "train.eps", 0, low_open=True)
+    if not isinstance(t.betas, (list, tuple)) or len(t.betas) != 2:
+        raise ConfigError(f"train.betas must be two numbers, got {t.betas!r}")
+    for i, b in enumerate(t.betas):
+        _number(b, f"train.betas[{i}]", 0, 1, high_open=True)
+    for name in ("bf16", "grad_checkpointing", "keep_snapshots"):
+        _flag(getattr(t, name), f"train.{name}")
     if t.warmup > t.steps:
         raise ConfigError(f"train.warmup {t.warmup} exceeds train.steps {t.steps}")
     if t.schedule not in ("linear", "cosine", "constant"):
         raise ConfigError(f"train.schedule must be linear, cosine or constant, got {t.schedule!r}")
-    if not (isinstance(t.lr, (int, float)) and t.lr > 0):
-        raise ConfigError(f"train.lr must be a positive number, got {t.lr!r}")
+    _number(t.lr, "train.lr", 0, low_open=True)
     if cfg.vcycle is not None:
         _validate_vcycle(cfg)
+
+
+def _validate_data(cfg: RunConfig) -> None:
+    d = cfg.data
+    _positive(d.seq_len, "data.seq_len")
+    _positive(d.vocab_size, "data.vocab_size")
+    if d.tokenizer not in ("train", "gpt2"):
+        raise ConfigError(f"data.tokenizer must be 'train' or 'gpt2', got {d.tokenizer!r}")
+    _number(d.val_fraction, "data.val_fraction", 0, 1, low_open=True, high_open=True)
+    _number(d.test_fraction, "data.test_fraction", 0, 1, high_open=True)
+    if d.val_fraction + d.test_fraction >= 1:
+        raise ConfigError(f"data.val_fraction + data.test_fraction must leave documents to train on, got "
+                          f"{d.val_fraction} + {d.test_fraction}")
+    for name in ("max_documents", "img_size"):
+        if getattr(d, name) is not None:
+            _positive(getattr(d, name), f"data.{name}")
+    if cfg.task != "image_cls":
+        for key in ("n_positions", "max_position_embeddings"):  # the position table must cover a sequence
+            n = cfg.model.options.get(key)
+            if n is not None and (not isinstance(n, int) or n < d.seq_len):
+                raise ConfigError(f"model.options.{key} {n!r} is smaller than data.seq_len {d.seq_len}")
+        vocab = cfg.model.options.get("vocab_size")
+        planned = 50257 if d.tokenizer == "gpt2" else d.vocab_size
+        if vocab is not None and (not isinstance(vocab, int) or vocab < planned):
+            raise ConfigError(f"model.options.vocab_size {vocab!r} is smaller than the tokenizer's {planned} tokens")
 
 
 def _validate_vcycle(cfg: RunConfig) -> None:
@@ -228,6 +300,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     from ..checkpoint import read_structured
 
     raw = read_structured(path, "config file", ConfigError, fmt="yaml")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(raw).__name__}")
     for item in overrides or []:
         _override(raw, item)
     return parse_config(raw, str(path))
@@ -241,7 +315,12 @@ def _override(raw: dict, item: str) -> None:
     node = raw
     parts = key.split(".")
     for p in parts[:-1]:
-        node = node.setdefault(p, {})
+        if node.get(p) is None:
+            node[p] = {}
+        node = node[p]
         if not isinstance(node, dict):
             raise ConfigError(f"override {item!r}: {p} is not a mapping")
-    node[parts[-1]] = yaml.safe_load(value)
+    try:
+        node[parts[-1]] = yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {item!r}: the value is not valid YAML ({str(exc).splitlines()[0]})") from None

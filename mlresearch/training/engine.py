@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import signal
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,9 +23,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ..checkpoint import atomic_dir, load_model, save_model
+from ..checkpoint import atomic_dir, atomic_write_text, load_model, load_state, save_model, save_state, state_exists
 from ..data.datasets import Data, batch_indices, make_batch
 from ..errors import MLResearchError
+from ..faults import fault_point
 from .config import RunConfig
 from .flops import train_flops_per_example
 from .schedules import WarmupDecay
@@ -57,19 +57,42 @@ class Ledger:
 
 
 class MetricsLog:
-    """``metrics.jsonl``: one JSON object per line, flushed as written."""
+    """``metrics.jsonl``: one JSON object per line, flushed as written.
+
+    ``count`` is the run's position in its own sequence of rows. A resumed run replays the plan
+    from the start: rows up to the position already in the file are not written again, and the
+    file holds nothing past the checkpoint being resumed (the run truncates it there first), so
+    after any sequence of kills and resumes the file equals an uninterrupted run's rows.
+    """
 
     def __init__(self, path: Path, main: bool = True) -> None:
         self.path, self.main = path, main
-        self.count = sum(1 for _ in open(path)) if path.exists() else 0
+        self.count = self.in_file = len(read_metrics(path)) if path.exists() else 0
         self._board = None
 
     def write(self, row: dict) -> None:
         self.count += 1
+        if self.count <= self.in_file:  # replaying a resumed run: this row is already there
+            return
         if self.main:
             with open(self.path, "a") as f:
                 f.write(json.dumps(row) + "\n")
             self._tensorboard(row)
+        self.in_file = self.count
+
+    def resume_at(self, count: int) -> None:
+        """Continue from a checkpoint that was taken after ``count`` rows."""
+        if count > self.in_file:
+            raise MLResearchError(f"{self.path} has {self.in_file} rows but a checkpoint was taken after {count}; "
+                                  "the run directory was changed by hand: start it over with --overwrite")
+        self.count = count
+
+    def truncate(self, count: int) -> None:
+        """Keep the first ``count`` rows (a resumed run writes the later ones again)."""
+        if self.main and self.path.exists():
+            lines = self.path.read_text().splitlines(keepends=True)[:count]
+            atomic_write_text(self.path, "".join(lines))
+        self.count = self.in_file = min(count, self.in_file)
 
     def _tensorboard(self, row: dict) -> None:
         """Mirror training rows to TensorBoard when it is installed (x axis: examples seen)."""
@@ -85,22 +108,20 @@ class MetricsLog:
                 if key in row:
                     self._board.add_scalar(f"{key}/{row['phase']}", row[key], row["examples"])
 
-    def truncate(self, count: int) -> None:
-        """Drop rows written after a checkpoint (a resumed run writes them again)."""
-        if self.main and self.path.exists():
-            lines = self.path.read_text().splitlines(keepends=True)[:count]
-            tmp = self.path.with_name("." + self.path.name + ".tmp")
-            tmp.write_text("".join(lines))
-            tmp.replace(self.path)
-        self.count = count
-
 
 def read_metrics(path: str | Path) -> list[dict]:
     path = Path(path)
     path = path / "metrics.jsonl" if path.is_dir() else path
     if not path.exists():
         raise FileNotFoundError(f"no metrics file at {path}")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise MLResearchError(f"{path} line {n} is not JSON ({exc}); the file was damaged") from exc
+    return rows
 
 
 def new_optimizer(model: nn.Module, cfg: RunConfig, lr: float) -> torch.optim.Optimizer:
@@ -145,20 +166,30 @@ def evaluate(model: nn.Module, data: Data, cfg: RunConfig, split: str = "val", b
 
 
 def _rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
-def _set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, ledger: Ledger, log_rows: int) -> None:
     with atomic_dir(path, overwrite=True) as tmp:
         save_model(model, tmp / "model")
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(),
-                    "step": step, "ledger": asdict(ledger), "log_rows": log_rows}, tmp / "state.pt")
+        save_state(tmp, {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(),
+                         "step": step, "ledger": asdict(ledger), "log_rows": log_rows})
+
+
+def nonfinite_parameters(model: nn.Module) -> list[str]:
+    return [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
 
 
 def train_phase(
@@ -188,16 +219,18 @@ def train_phase(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     ckpt = ckpt_dir / phase.name
     start = 0
-    if resume and (ckpt / "state.pt").exists():
-        state = torch.load(ckpt / "state.pt", weights_only=False)
+    if resume and state_exists(ckpt):
+        state = load_state(ckpt)
         model.load_state_dict(load_model(ckpt / "model").state_dict())
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         start = state["step"]
         for k, v in state["ledger"].items():
             setattr(ledger, k, v)
-        log.truncate(state["log_rows"])
+        log.resume_at(state["log_rows"])
+        if accelerator.is_main_process:
+            tqdm.write(f"resuming {phase.name} at step {start} of {phase.steps} ({ckpt})", file=sys.stderr)
     accelerator.free_memory()  # drop the previous phase's references
     model, optimizer = accelerator.prepare(model, optimizer)
     raw = accelerator.unwrap_model(model)
@@ -209,7 +242,7 @@ def train_phase(
     if batch % world:
         raise MLResearchError(f"train.batch_size {batch} is not divisible by {world} processes")
     device = accelerator.device
-    kill_after = int(os.environ.get("MLRESEARCH_KILL_AFTER_STEP", "-1"))  # test hook: simulate a crash
+    last_good = f"{ckpt} (step {start})" if start else "none (no checkpoint of this phase yet)"
 
     bar = tqdm(range(start, phase.steps), desc=f"{phase.name} (level {phase.level})", disable=not accelerator.is_main_process,
                initial=start, total=phase.steps, leave=False)
@@ -220,11 +253,9 @@ def train_phase(
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.bf16):
             loss, _ = compute_loss(model, inputs, data.task)
         mean_loss = accelerator.reduce(loss.detach(), reduction="mean").item()
-        if not math.isfinite(mean_loss):
-            raise TrainingDiverged(
-                f"loss is {mean_loss} in phase {phase.name} at step {step}; stopping. The last good checkpoint is "
-                f"{ckpt if (ckpt / 'state.pt').exists() else 'none (no checkpoint written yet)'}"
-            )
+        if not math.isfinite(mean_loss):  # steps count from 1, as in metrics.jsonl
+            raise TrainingDiverged(f"loss is {mean_loss} in phase {phase.name} at step {step + 1}; stopping. "
+                                   f"The last good checkpoint is {last_good}")
         accelerator.backward(loss)
         if t.grad_clip:
             accelerator.clip_grad_norm_(model.parameters(), t.grad_clip)
@@ -250,17 +281,21 @@ def train_phase(
             log.write(row)
         if done % t.checkpoint_every == 0 or done == phase.steps:
             accelerator.wait_for_everyone()
+            bad = nonfinite_parameters(raw)
+            if bad:  # a finite loss can come from weights an update has just broken: never checkpoint them
+                raise TrainingDiverged(f"parameters {bad[:3]}{' ...' if len(bad) > 3 else ''} are not finite in phase "
+                                       f"{phase.name} after step {done}; stopping. The last good checkpoint is {last_good}")
             if accelerator.is_main_process:
                 save_checkpoint(ckpt, raw, optimizer, scheduler, done, ledger, log.count)
+                last_good = f"{ckpt} (step {done})"
                 if t.keep_snapshots:
                     save_model(raw, ckpt_dir / "snapshots" / f"{phase.name}-{done:07d}", overwrite=True)
             accelerator.wait_for_everyone()
-        if done == kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
+        fault_point(f"step:{phase.name}:{done}")
     bar.close()
     return accelerator.unwrap_model(model), getattr(optimizer, "optimizer", optimizer)
 
 
 def phase_done(ckpt_dir: Path, phase: Phase) -> bool:
-    path = ckpt_dir / phase.name / "state.pt"
-    return path.exists() and torch.load(path, weights_only=False)["step"] >= phase.steps
+    path = ckpt_dir / phase.name
+    return state_exists(path) and load_state(path)["step"] >= phase.steps

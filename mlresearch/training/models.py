@@ -44,6 +44,21 @@ def model_options(cfg: RunConfig, vocab_size: int | None, special: dict | None =
     return opts
 
 
+def check_model_fits_data(cfg: RunConfig, data) -> None:
+    """The model built for ``data`` can take it: its vocabulary covers the tokenizer's ids and its
+    classifier the labels (otherwise training would stop mid-phase with an index error)."""
+    opts = model_options(cfg, data.vocab_size or None, data.special)
+    vocab = opts.get("vocab_size")
+    if data.vocab_size and vocab is not None and vocab < data.vocab_size:
+        raise ConfigError(f"model.options.vocab_size {vocab} is smaller than the tokenizer's {data.vocab_size} tokens")
+    classes = opts.get("num_classes")
+    labels = [y for y in (data.train_labels, data.val_labels, data.test_labels) if y is not None and len(y)]
+    if classes is not None and labels:
+        needed = max(int(y.max()) for y in labels) + 1
+        if classes < needed:
+            raise ConfigError(f"model.options.num_classes {classes} is smaller than the data's {needed} classes")
+
+
 def build_model(cfg: RunConfig, vocab_size: int | None = 8192, special: dict | None = None,
                 device: str | torch.device | None = None) -> nn.Module:
     family = FAMILIES[cfg.model.family]

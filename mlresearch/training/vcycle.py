@@ -18,8 +18,12 @@ operator and phase-end events), ``summary.json`` and ``checkpoints/`` (not commi
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
+import os
+import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -27,23 +31,62 @@ import numpy as np
 import torch
 import yaml
 
-from ..checkpoint import load_model, save_model
+from ..checkpoint import atomic_write_text, load_model, load_state, recover_tree, save_model, state_exists
+from ..errors import MLResearchError
+from ..faults import fault_point
 from ..data.datasets import load_data
 from ..operators import coalesce, coalesce_state, decoalesce, decoalesce_state, interpolate
 from ..results import REPO, provenance, write_json
 from .config import ConfigError, RunConfig, default_value
-from .engine import Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, read_metrics, train_phase
-from .models import build_model, data_settings, scheme_for
+from .engine import (Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, read_metrics, set_rng_state,
+                     train_phase)
+from .models import build_model, check_model_fits_data, data_settings, scheme_for
 
 
-def default_out(cfg: RunConfig, kind: str) -> Path:
+def runs_root(root: str | Path | None = None) -> Path:
+    """Where runs go by default: ``--root``, else ``$MLRESEARCH_RUNS``, else ``runs/`` in the current
+    directory. The committed study lives in ``results/`` and is written only when asked for
+    (``--root results``, as ``experiments/study.sh`` does), so a user's runs never land on it."""
+    return Path(root or os.environ.get("MLRESEARCH_RUNS") or "runs")
+
+
+def _name_part(text: str) -> str:
+    """A config value as a piece of a directory name (a scheme path becomes its file stem)."""
+    if text.endswith(".json"):
+        text = "scheme-" + Path(text).stem
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", text)
+
+
+def default_out(cfg: RunConfig, kind: str, root: str | Path | None = None) -> Path:
+    """``<root>/<experiment>/<run name>``; the name can never leave the root."""
     if kind == "baseline":
         name = f"baseline-seed{cfg.seed}"
     else:
         v = cfg.vcycle
         tag = f"-{v.tag}" if v.tag else ""
-        name = f"vcycle-L{v.levels}-{v.scheme}-a{v.alpha}-{v.optimizer}{tag}-seed{cfg.seed}"
-    return REPO / "results" / cfg.experiment / name
+        name = f"vcycle-L{v.levels}-{_name_part(v.scheme)}-a{v.alpha}-{v.optimizer}{tag}-seed{cfg.seed}"
+    base = runs_root(root)
+    out = base / cfg.experiment / name
+    if not out.resolve().is_relative_to(base.resolve()) or len(out.relative_to(base).parts) != 2:
+        raise ConfigError(f"run name {cfg.experiment}/{name} would leave {base}")
+    return out
+
+
+def _tracked_files(path: Path) -> list[str]:
+    """Files under ``path`` that git tracks (the committed study, say)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "--", "."], cwd=path, capture_output=True, text=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    return out.split()
+
+
+def _latest_checkpoint_rows(ckpt: Path) -> int:
+    """Rows ``metrics.jsonl`` had when the newest checkpoint was taken (0 without one)."""
+    if not ckpt.is_dir():
+        return 0
+    return max((load_state(d)["log_rows"] for d in ckpt.iterdir() if d.is_dir() and state_exists(d)), default=0)
 
 
 def config_differences(out: Path, cfg: RunConfig) -> list[str]:
@@ -69,7 +112,8 @@ def config_differences(out: Path, cfg: RunConfig) -> list[str]:
 
 
 class Run:
-    """Shared plumbing of a baseline or V-cycle run."""
+    """Shared plumbing of a baseline or V-cycle run: one writer per run directory (a lock), and
+    nothing written before the config, the output path and the data have been checked."""
 
     def __init__(self, cfg: RunConfig, out: Path, resume: bool, overwrite: bool) -> None:
         from accelerate import Accelerator
@@ -77,30 +121,48 @@ class Run:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.cfg, self.out = cfg, Path(out)
+        if self.out.exists() and not self.out.is_dir():
+            raise FileExistsError(f"--out {self.out} is a file, not a run directory")
         # cpu=True when there is no GPU: accelerate then treats torchrun's ranks as MULTI_CPU (gloo).
         # bf16 is our own torch.autocast in the engine: accelerate's process-wide state would pin
         # the first run's precision for every later run in the same process.
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         main = self.accelerator.is_main_process
         self.accelerator.wait_for_everyone()  # every rank looks before any rank creates the directory
-        exists = self.out.exists()
+        exists = self.out.exists() and any(p.name != ".lock" for p in self.out.iterdir())
         self.accelerator.wait_for_everyone()
         if exists and not resume:
             if not overwrite:
                 raise FileExistsError(f"{self.out} exists; pass --resume to continue it or --overwrite to start over")
-            if main:
-                shutil.rmtree(self.out)
+            tracked = _tracked_files(self.out)
+            if tracked:
+                raise FileExistsError(f"{self.out} holds {len(tracked)} file(s) of the committed study; --overwrite "
+                                      "will not delete them: write elsewhere with --out or --root")
         if exists and resume:
             changed = config_differences(self.out, cfg)
             if changed:
                 raise ConfigError(f"{self.out} was started with another config (differs in {', '.join(changed)}); "
                                   "resume it with its own config, or give the variant its own directory (--out or "
                                   "vcycle.tag)")
+        torch.manual_seed(cfg.seed)
+        self.data = load_data(cfg.task, data_settings(cfg), cfg.seed)  # data errors come before any write
+        check_model_fits_data(cfg, self.data)
+        self._lock = None
+        if main:
+            self._lock = _lock(self.out)
+            if exists and not resume:
+                for child in self.out.iterdir():
+                    if child.name != ".lock":
+                        shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+            recover_tree(self.out)  # writes a killed process left half done
         self.accelerator.wait_for_everyone()
         self.ckpt = self.out / "checkpoints"
+        self.log = MetricsLog(self.out / "metrics.jsonl", main)
+        if resume:  # rows past the newest checkpoint are written again as the run replays
+            self.log.truncate(_latest_checkpoint_rows(self.ckpt))
         if main:
             self.ckpt.mkdir(parents=True, exist_ok=True)
-            (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            atomic_write_text(self.out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             record = provenance(cfg.to_dict(), cfg.seed)
             previous = self.out / "provenance.json"
             if resume and previous.exists():  # keep who started the run; note every resumption
@@ -110,11 +172,19 @@ class Run:
             write_json(previous, record)
         self.accelerator.wait_for_everyone()
         self.resume = resume
-        self.log = MetricsLog(self.out / "metrics.jsonl", main)
         self.ledger = Ledger()
-        torch.manual_seed(cfg.seed)
-        self.data = load_data(cfg.task, data_settings(cfg), cfg.seed)
         self.phases: list[dict] = []
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
 
     def new_model(self):
         torch.manual_seed(self.cfg.seed)
@@ -123,7 +193,8 @@ class Run:
     def train(self, model, optimizer, phase: Phase):
         start = dict(flops=self.ledger.flops, wall=self.ledger.wall, examples=self.ledger.examples)
         if self.resume and phase_done(self.ckpt, phase):
-            state = torch.load(self.ckpt / phase.name / "state.pt", weights_only=False)
+            state = load_state(self.ckpt / phase.name)
+            set_rng_state(state["rng"])  # as the phase left it: the next phase draws the same dropout masks
             for k, v in state["ledger"].items():
                 setattr(self.ledger, k, v)
             trained = load_model(self.ckpt / phase.name / "model")
@@ -132,7 +203,7 @@ class Run:
             if optimizer is not None or self.cfg.vcycle is None or self.cfg.vcycle.optimizer == "carry":
                 opt = new_optimizer(trained, self.cfg, phase.lr)
                 opt.load_state_dict(state["optimizer"])
-            self.log.count = state["log_rows"]
+            self.log.resume_at(state["log_rows"])
             model, optimizer = trained, opt
         else:
             model, optimizer = train_phase(model, optimizer, phase, self.data, self.cfg, self.accelerator, self.log,
@@ -141,7 +212,8 @@ class Run:
                   "flops": self.ledger.flops - start["flops"], "wall": self.ledger.wall - start["wall"],
                   "examples": self.ledger.examples - start["examples"]}
         self.phases.append(record)
-        self.log_event(record, keys=("event", "phase"))
+        self.log.write(record)
+        fault_point(f"after-phase:{phase.name}")
         return model, optimizer
 
     def probe_batches(self, n: int = 2) -> list[dict]:
@@ -153,23 +225,14 @@ class Run:
                                              10**9 + i, self.cfg.seed).items() if k != "labels"}
                 for i in range(min(n, max(1, total // b)))]
 
-    def log_event(self, row: dict, keys: tuple[str, ...] | None = None) -> None:
-        """Write an event row, unless a resumed run already logged it (matched on ``keys``, or on
-        the whole row; timings differ between the two runs, so they are not keys)."""
-        if self.resume and (self.out / "metrics.jsonl").exists():
-            keys = keys or tuple(row)
-            if any(all(r.get(k) == row[k] for k in keys) for r in read_metrics(self.out)):
-                return
-        self.log.write(row)
-
     def operator(self, name: str, level: int, fn):
         """Run an operator and record its wall time (its FLOPs are negligible: one pass over the parameters)."""
         tick = time.perf_counter()
         result = fn()
         seconds = time.perf_counter() - tick
         self.ledger.wall += seconds
-        self.log_event({"event": "operator", "op": name, "level": level, "seconds": seconds},
-                       keys=("event", "op", "level"))
+        self.log.write({"event": "operator", "op": name, "level": level, "seconds": seconds})
+        fault_point(f"after:{name}:{level}")
         return result
 
     def finish(self, model, kind: str) -> dict:
@@ -186,17 +249,22 @@ class Run:
 
 
 def run_baseline(cfg: RunConfig, out: Path | None = None, resume: bool = False, overwrite: bool = False) -> dict:
-    run = Run(cfg, out or default_out(cfg, "baseline"), resume, overwrite)
-    t = cfg.train
-    model, _ = run.train(run.new_model(), None, Phase("baseline", 1, t.steps, t.lr, t.warmup))
-    return run.finish(model, "baseline")
+    with Run(cfg, out or default_out(cfg, "baseline"), resume, overwrite) as run:
+        t = cfg.train
+        model, _ = run.train(run.new_model(), None, Phase("baseline", 1, t.steps, t.lr, t.warmup))
+        return run.finish(model, "baseline")
 
 
 def run_vcycle(cfg: RunConfig, out: Path | None = None, resume: bool = False, overwrite: bool = False) -> dict:
     if cfg.vcycle is None:
         raise ValueError("the config has no vcycle section")
+    with Run(cfg, out or default_out(cfg, "vcycle"), resume, overwrite) as run:
+        return _vcycle(run)
+
+
+def _vcycle(run: Run) -> dict:
+    cfg = run.cfg
     v, t = cfg.vcycle, cfg.train
-    run = Run(cfg, out or default_out(cfg, "vcycle"), resume, overwrite)
     K = v.levels
     lrs = v.lr or [t.lr] * K
     carry = v.optimizer == "carry"
@@ -214,7 +282,7 @@ def run_vcycle(cfg: RunConfig, out: Path | None = None, resume: bool = False, ov
             save_model(partners[k], run.ckpt / f"partner{k}", overwrite=True)
         if v.scheme == "similarity":  # measured on fixed validation batches
             schemes[k] = scheme_for(cfg, model, batches=run.probe_batches())
-            run.log_event({"event": "scheme", "level": k, **schemes[k].to_dict()})
+            run.log.write({"event": "scheme", "level": k, **schemes[k].to_dict()})
         else:
             schemes[k] = scheme_for(cfg, model)
         if carry and optimizer is not None:
@@ -230,7 +298,7 @@ def run_vcycle(cfg: RunConfig, out: Path | None = None, resume: bool = False, ov
             big, optimizer = run.operator("decoalesce", k, lambda: decoalesce(model, schemes[k])), None
         merged = run.operator("interpolate", k, lambda: interpolate(
             partners[k], big, alpha=None if adaptive else float(alpha), adaptive=adaptive))
-        run.log_event({"event": "interpolated", "level": k,  # what each ingredient scores on validation
+        run.log.write({"event": "interpolated", "level": k,  # what each ingredient scores on validation
                        "partner_val_loss": evaluate(partners[k], run.data, cfg)["val_loss"],
                        "decoalesced_val_loss": evaluate(big, run.data, cfg)["val_loss"],
                        "merged_val_loss": evaluate(merged, run.data, cfg)["val_loss"]})
@@ -245,6 +313,24 @@ def run_vcycle(cfg: RunConfig, out: Path | None = None, resume: bool = False, ov
         if not carry:
             optimizer = None
     return run.finish(model, "vcycle")
+
+
+def _lock(out: Path):
+    """Hold ``out/.lock`` for this process (released when it exits, however it exits)."""
+    out.mkdir(parents=True, exist_ok=True)
+    f = open(out / ".lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise MLResearchError(f"{out} is being written by {holder}; one run directory takes one writer at a time") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"process {os.getpid()}\n")
+    f.flush()
+    return f
 
 
 def _rebind(optimizer, old_model, new_model):

@@ -1,0 +1,362 @@
+"""Faults: kills at any point, interrupted writes, a second writer, crafted files, bad input.
+
+Each test injects the fault (``MLRESEARCH_FAULT`` kills the process at a named point, see
+:mod:`mlresearch.faults`) and checks what the promise says: nothing already written is lost,
+a resumed run ends with exactly the uninterrupted run's rows, nothing read from disk runs code,
+and every bad input is one line naming the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import smoke
+
+from mlresearch.checkpoint import load_model, load_state
+from mlresearch.training import engine
+from mlresearch.training.engine import TrainingDiverged, read_metrics
+from mlresearch.training.vcycle import run_baseline
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = str(REPO / "experiments" / "configs" / "gpt2_smoke.yaml")
+# Dropout on: a resume that did not restore the RNG would draw other masks and other losses.
+DROPOUT = ["--set", "model.options={resid_pdrop: 0.1, embd_pdrop: 0.1, attn_pdrop: 0.1}"]
+
+pytestmark = pytest.mark.usefixtures("isolated_data_cache")
+
+
+def cli(*args, fault=None, cwd=REPO, **kw):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("MLRESEARCH_FAULT", None)
+    if fault:
+        env["MLRESEARCH_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "mlresearch.cli", *map(str, args)], env=env, capture_output=True,
+                          text=True, cwd=cwd, **kw)
+
+
+def untimed(run_dir):
+    return [{k: v for k, v in r.items() if k not in ("wall", "seconds")} for r in read_metrics(run_dir)]
+
+
+def errors(stderr):
+    """The lines a failure printed for the user (progress bars and library warnings aside)."""
+    assert "Traceback" not in stderr, stderr
+    return [line for line in stderr.splitlines() if line.startswith("mlresearch:")]
+
+
+def leftovers(run_dir):
+    return sorted(str(p.relative_to(run_dir)) for p in Path(run_dir).rglob("*") if ".tmp-" in p.name or ".old-" in p.name)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("uninterrupted")
+    for command in ("train", "vcycle"):
+        done = cli(command, SMOKE, "--out", root / command, *DROPOUT)
+        assert done.returncode == 0, done.stderr[-2000:]
+    return root
+
+
+@pytest.mark.parametrize("command, faults, resumes_at", [
+    ("vcycle", ["step:*:6", "step:*:2", "step:*:5"], "up1 at step 4"),  # used to lose the up-phase's first rows
+    ("vcycle", ["step:down1:1"], None),  # before any checkpoint: resuming must not duplicate rows
+    ("vcycle", ["after:coalesce:1", "after-phase:small"], None),  # between transitions
+    ("vcycle", ["after:interpolate:1"], None),
+    # Killed between the two renames of a checkpoint replace: the previous checkpoint (step 4) survives.
+    ("vcycle", ["between-renames:up1"], "up1 at step 4"),
+    ("train", ["between-renames:baseline#2", "step:baseline:10"], "baseline at step 8"),
+])
+def test_any_sequence_of_kills_resumes_to_the_uninterrupted_run(tmp_path, uninterrupted, command, faults, resumes_at):
+    out = tmp_path / "run"
+    for i, fault in enumerate(faults):
+        killed = cli(command, SMOKE, "--out", out, *DROPOUT, *(["--resume"] if i else []), fault=fault)
+        assert killed.returncode == -signal.SIGKILL, (fault, killed.stderr[-2000:])
+        assert not (out / "summary.json").exists()
+    resumed = cli(command, SMOKE, "--out", out, "--resume", *DROPOUT)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    if resumes_at:
+        assert f"resuming {resumes_at} of " in resumed.stderr
+    assert untimed(out) == untimed(uninterrupted / command)
+    a = json.loads((uninterrupted / command / "summary.json").read_text())
+    b = json.loads((out / "summary.json").read_text())
+    assert a["final_full_val"] == b["final_full_val"] and a["flops_total"] == b["flops_total"]
+    assert leftovers(out) == []
+    assert not list(out.rglob("state.pt"))  # states are JSON + safetensors
+
+
+def test_a_second_writer_is_refused(tmp_path):
+    from mlresearch.training.vcycle import _lock
+
+    out = tmp_path / "run"
+    held = _lock(out)  # as a running process holds it
+    try:
+        second = cli("train", SMOKE, "--out", out, "--resume")
+        assert second.returncode == 2
+        assert errors(second.stderr) == [
+            f"mlresearch: error: {out} is being written by process {os.getpid()}; one run directory takes one "
+            "writer at a time"]
+        assert not (out / "metrics.jsonl").exists()
+    finally:
+        held.close()
+    assert cli("train", SMOKE, "--out", out, "--resume", "--set", "train.steps=4", "--set", "vcycle=null").returncode == 0
+
+
+class _Payload:
+    """Unpickling this runs ``touch <marker>``."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickled_checkpoint_state_never_runs(tmp_path):
+    out, marker = tmp_path / "run", tmp_path / "pwned"
+    assert cli("train", SMOKE, "--out", out, fault="step:baseline:6").returncode == -signal.SIGKILL
+    state_dir = out / "checkpoints" / "baseline"
+    for name in ("state.json", "state.safetensors"):  # leave only an old-format state.pt, with a payload
+        (state_dir / name).unlink()
+    torch.save({"step": 4, "optimizer": _Payload(marker)}, state_dir / "state.pt")
+    resumed = cli("train", SMOKE, "--out", out, "--resume")
+    (line,) = errors(resumed.stderr)
+    assert resumed.returncode == 2 and "refused rather than unpickled" in line
+    assert not marker.exists()
+
+
+def test_an_old_plain_state_pt_still_resumes(tmp_path):
+    """Runs written before state.json (pickled plain containers with numpy RNG state) resume."""
+    out = tmp_path / "run"
+    assert cli("train", SMOKE, "--out", out, fault="step:baseline:6").returncode == -signal.SIGKILL
+    state_dir = out / "checkpoints" / "baseline"
+    state = load_state(state_dir)
+    for name in ("state.json", "state.safetensors"):
+        (state_dir / name).unlink()
+    torch.save(state, state_dir / "state.pt")  # what the old code wrote (numpy arrays included)
+    with pytest.warns(UserWarning, match="old pickle-based format"):
+        assert load_state(state_dir)["step"] == 4
+    assert cli("train", SMOKE, "--out", out, "--resume").returncode == 0
+
+
+def test_a_checkpoint_write_that_fails_midway_keeps_the_previous_one(tmp_path, monkeypatch):
+    import errno
+
+    from mlresearch import checkpoint
+
+    real, calls = checkpoint.save_state, {"n": 0}
+
+    def full_disk(directory, state):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second checkpoint (step 8): the disk fills up halfway through
+            (Path(directory) / "state.json").write_text("{")
+            raise OSError(errno.ENOSPC, "No space left on device", str(directory))
+        real(directory, state)
+
+    monkeypatch.setattr(engine, "save_state", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        run_baseline(smoke("gpt2", "vcycle=null"), tmp_path / "run")
+    ckpt = tmp_path / "run" / "checkpoints" / "baseline"
+    assert load_state(ckpt)["step"] == 4
+    assert all(torch.isfinite(p).all() for p in load_model(ckpt / "model").parameters())
+    assert leftovers(tmp_path / "run") == []
+
+
+def test_a_full_disk_is_one_line_with_the_way_to_resume(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from mlresearch import cli as cli_module
+
+    def full_disk(directory, state):
+        raise OSError(errno.ENOSPC, "No space left on device", str(directory))
+
+    monkeypatch.setattr(engine, "save_state", full_disk)
+    argv = ["train", SMOKE, "--out", str(tmp_path / "run"), "--set", "vcycle=null"]
+    assert cli_module.main(argv) == 2
+    (line,) = errors(capsys.readouterr().err)
+    assert "no space left on the device" in line and "--resume" in line
+
+
+# ----------------------------------------------------------------------------- divergence
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+    real, calls = engine.compute_loss, {"n": 0}
+
+    def poisoned(model, batch, task):
+        loss, right = real(model, batch, task)
+        if model.training:
+            calls["n"] += 1
+            if calls["n"] == 7:  # the 7th step's loss
+                loss = loss * float("nan")
+        return loss, right
+
+    monkeypatch.setattr(engine, "compute_loss", poisoned)
+    with pytest.raises(TrainingDiverged, match=r"loss is nan in phase baseline at step 7.*checkpoints/baseline "
+                                               r"\(step 4\)"):
+        run_baseline(smoke("gpt2"), tmp_path / "run")
+    assert load_state(tmp_path / "run" / "checkpoints" / "baseline")["step"] == 4
+    assert max(r["step"] for r in read_metrics(tmp_path / "run")) == 6
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_nonfinite_weights_are_never_checkpointed(tmp_path, monkeypatch):
+    real, calls = engine.new_optimizer, {"n": 0}
+
+    def breaking_optimizer(model, cfg, lr):  # the 8th update (a checkpoint step) breaks a weight
+        optimizer = real(model, cfg, lr)
+
+        def after_step(*_):
+            calls["n"] += 1
+            if calls["n"] == 8:
+                with torch.no_grad():
+                    next(model.parameters()).fill_(float("inf"))
+
+        optimizer.register_step_post_hook(after_step)
+        return optimizer
+
+    monkeypatch.setattr(engine, "new_optimizer", breaking_optimizer)
+    with pytest.raises(TrainingDiverged, match=r"not finite in phase baseline after step 8.*\(step 4\)"):
+        run_baseline(smoke("gpt2"), tmp_path / "run")
+    ckpt = tmp_path / "run" / "checkpoints" / "baseline"
+    assert load_state(ckpt)["step"] == 4  # the named checkpoint is the last finite one
+    assert all(torch.isfinite(p).all() for p in load_model(ckpt / "model").parameters())
+
+
+# ----------------------------------------------------------------------------- where runs go
+@pytest.mark.parametrize("setting", ["experiment=../../victim", "experiment=.hidden", "experiment=a/b",
+                                     "vcycle.tag=../x"])
+def test_run_names_cannot_leave_the_root(tmp_path, setting):
+    done = cli("vcycle", SMOKE, "--root", tmp_path / "root", "--set", setting)
+    assert done.returncode == 2 and len(errors(done.stderr)) == 1
+    assert not any(tmp_path.rglob("metrics.jsonl"))
+
+
+def test_a_scheme_path_gives_a_flat_run_name(tmp_path):
+    from mlresearch.training.vcycle import default_out
+
+    cfg = smoke("gpt2")
+    cfg.vcycle.scheme = "../schemes/my scheme.json"
+    out = default_out(cfg, "vcycle", tmp_path)
+    assert out.parent == tmp_path / "gpt2_smoke" and out.name.startswith("vcycle-L2-scheme-my_scheme-")
+
+
+def test_default_runs_go_to_runs_and_overwrite_spares_committed_files(tmp_path):
+    # A project checkout of its own, with a committed run where a user's run would go.
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    committed = tmp_path / "results" / "gpt2_smoke" / "baseline-seed0"
+    committed.mkdir(parents=True)
+    (committed / "summary.json").write_text("{}")
+    subprocess.run(["git", "-C", str(tmp_path), "add", "."], check=True)
+    done = cli("train", SMOKE, "--set", "train.steps=4", "--set", "vcycle=null", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "runs" / "gpt2_smoke" / "baseline-seed0" / "summary.json").exists()
+    refused = cli("train", SMOKE, "--root", "results", "--overwrite", cwd=tmp_path)
+    assert refused.returncode == 2 and "committed study" in refused.stderr
+    assert (committed / "summary.json").read_text() == "{}"
+
+
+# ----------------------------------------------------------------------------- bad input: one line each
+def _scheme(tmp_path, text):
+    path = tmp_path / "scheme.json"
+    path.write_text(text)
+    return path
+
+
+BAD = [
+    ("train.eval_every=0", "train.eval_every must be a positive integer"),
+    ("train.log_every=0", "train.log_every"),
+    ("train.checkpoint_every=0", "train.checkpoint_every"),
+    ("train.eval_batches=0", "train.eval_batches"),
+    ("data.seq_len=0", "data.seq_len"),
+    ("model.options.n_positions=16", "n_positions 16 is smaller than data.seq_len 32"),
+    ("model.options.vocab_size=100", "smaller than the tokenizer's 512 tokens"),
+    ("train.grad_clip=-1", "train.grad_clip"),
+    ("train.weight_decay=-0.1", "train.weight_decay"),
+    ("train.min_lr_ratio=1.5", "train.min_lr_ratio"),
+    ("train.steps=true", "train.steps must be a positive integer"),
+    ("train.lr=.inf", "train.lr"),
+    ("data.val_fraction=0", "data.val_fraction"),
+    ("train.steps=[1", "not valid YAML"),
+    ("data.corpus=[nope]", "nope"),
+]
+
+
+@pytest.mark.parametrize("setting, message", BAD)
+def test_bad_config_values_are_one_line_before_anything_is_written(tmp_path, setting, message, capsys):
+    from mlresearch.cli import main
+
+    assert main(["train", SMOKE, "--out", str(tmp_path / "run"), "--set", setting]) == 2
+    (line,) = errors(capsys.readouterr().err)
+    assert line.startswith("mlresearch: error:") and message in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("text", ['{"width_scheme": [[0, 1.7], [2, 3]]}', '{"width_scheme": [[true, 1], [2, 3]]}',
+                                  '{"width_scheme": [["0", 1], [2, 3]]}', '{"width_scheme": [[0, Infinity], [2, 3]]}',
+                                  '{"width_scheme": 3}'])
+def test_scheme_files_take_integers_only(tmp_path, text, capsys):
+    from mlresearch.cli import main
+    from mlresearch.errors import SchemeError
+    from mlresearch.operators import Scheme
+
+    with pytest.raises(SchemeError, match="list of lists of integers"):
+        Scheme.from_json(_scheme(tmp_path, text))
+    assert main(["new", "gpt2", "--out", str(tmp_path / "m"), "--layers", "2", "--heads", "4", "--hidden", "32",
+                 "--set", "vocab_size=64", "--set", "bos_token_id=0", "--set", "eos_token_id=0"]) == 0
+    assert main(["map", "coalesce", "--src", str(tmp_path / "m"), "--out", str(tmp_path / "c"),
+                 "--scheme", str(tmp_path / "scheme.json")]) == 2
+    (line,) = errors(capsys.readouterr().err)
+    assert "list of lists of integers" in line and not (tmp_path / "c").exists()
+
+
+def test_output_and_input_paths_are_one_line_errors(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    cases = [
+        ("train", SMOKE, "--out", tmp_path / "file"),  # --out names a file
+        ("new", "gpt2", "--out", tmp_path / "file" / "m", "--layers", 2, "--heads", 2, "--hidden", 8),
+        ("similarity", "--run", tmp_path / "nothing", "--out", tmp_path / "s"),
+        ("downstream", tmp_path / "nothing"),
+        ("compare", tmp_path / "nothing", tmp_path / "file"),
+    ]
+    from mlresearch.cli import main
+
+    for args in cases:
+        assert main([str(a) for a in args]) == 2, args
+        assert len(errors(capsys.readouterr().err)) == 1, args
+
+
+def test_a_truncated_state_is_one_line(tmp_path):
+    out = tmp_path / "run"
+    assert cli("train", SMOKE, "--out", out, fault="step:baseline:6").returncode == -signal.SIGKILL
+    state = out / "checkpoints" / "baseline" / "state.safetensors"
+    state.write_bytes(state.read_bytes()[:100])
+    done = cli("train", SMOKE, "--out", out, "--resume")
+    (line,) = errors(done.stderr)
+    assert done.returncode == 2 and "unreadable" in line
+
+
+def test_ctrl_c_says_how_to_resume(tmp_path):
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "mlresearch.cli", "train", SMOKE, "--out", str(out),
+                             "--set", "train.steps=100000", "--set", "vcycle=null"], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):  # until training has begun (a row is written)
+            if (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size:
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1].startswith("mlresearch: interrupted; checkpoints are kept: continue with "
+                                                   "`mlresearch train")
+    assert "--resume`" in err
