@@ -10,7 +10,6 @@ score, to results/bert_tiny/finetune_lr.json. V-cycle runs play no part in the c
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict, replace
 from pathlib import Path
 

@@ -257,13 +257,28 @@ def _check_safetensors(weights: Path) -> None:
 
 def _load_hf(path: Path, config: dict) -> nn.Module:
     import transformers
+    from transformers.utils import logging as hf_logging
 
     _check_safetensors(path / WEIGHTS)
     archs = config.get("architectures") or []
     cls = getattr(transformers, archs[0], None) if archs else None
     if cls is None:
         raise CheckpointError(f"checkpoint {path}: config.json names no known transformers architecture ({archs})")
-    return cls.from_pretrained(str(path))
+    # The weights must be exactly what the config describes: from_pretrained would otherwise drop
+    # extra tensors (more layers than the config says) and randomly initialise missing ones.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report would repeat, in a table, what the error below says
+    try:
+        model, info = cls.from_pretrained(str(path), output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    problems = [f"{what} {sorted(map(str, names))[:4]}{' ...' if len(names) > 4 else ''}"
+                for what, names in (("missing", info.get("missing_keys") or []),
+                                    ("not in the config", info.get("unexpected_keys") or []),
+                                    ("of another shape", info.get("mismatched_keys") or [])) if names]
+    if problems:
+        raise CheckpointError(f"checkpoint {path}: config.json and {WEIGHTS} disagree (weights {'; '.join(problems)})")
+    return model
 
 
 def _load_timm(path: Path, config: dict) -> nn.Module:

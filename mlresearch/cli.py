@@ -7,6 +7,7 @@
     mlresearch downstream RUN_DIR... [--skip-done]                       downstream checks of finished runs
     mlresearch similarity --run DIR | --model DIR [--data CONFIG] --metric cka --out DIR
     mlresearch new gpt2 --out DIR --layers 4 --heads 4 --hidden 128 [--set vocab_size=8192]
+    mlresearch check MODEL_DIR [--scheme FILE | --factor N]                 which operator promises hold
     mlresearch map coalesce    --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
     mlresearch map decoalesce  --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
     mlresearch map interpolate --src DIR --with DIR --out DIR (--alpha A | --adaptive [tensor|row])
@@ -69,6 +70,24 @@ def _cmd_map(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    from .check import check_model, format_rows
+    from .checkpoint import load_model
+    from .operators import Scheme
+
+    model = load_model(args.model_dir)
+    if args.scheme:
+        scheme = Scheme.from_json(args.scheme)
+    else:
+        scheme = Scheme.uniform(model, width_factor=args.factor, depth_factor=2)
+    rows, what = check_model(model, scheme)
+    print(f"check {args.model_dir} ({what})")
+    print(format_rows(rows))
+    failed = [r.operator for r in rows if r.held is False]
+    print("every promised property holds" if not failed else f"NOT HELD: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
 def _parse_setting(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -102,20 +121,28 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     kind = "baseline" if args.command == "train" else "vcycle"
     out = Path(args.out) if args.out else default_out(cfg, kind, args.root)
-    if args.skip_done and (out / "summary.json").exists():
-        changed = config_differences(out, cfg)
-        note = f" (WARNING: its config differs in {', '.join(changed)})" if changed else ""
-        print(f"{args.command}: {out} is complete (summary.json); skipped{note}")
-        return 0
+    if (out / "summary.json").exists() and not args.overwrite and not args.resume:
+        changed = config_differences(out, cfg, baseline=kind == "baseline")
+        if args.skip_done:
+            note = f" (WARNING: its config differs in {', '.join(changed)})" if changed else ""
+            print(f"{args.command}: {out} is complete (summary.json); skipped{note}")
+            return 0
+        finished = None if changed else json.loads((out / "summary.json").read_text())
+    else:
+        finished = None
     base_out = None
     if kind == "vcycle" and args.baseline:
         base_out = default_out(cfg, "baseline", args.root)
-        if (base_out / "summary.json").exists() and not config_differences(base_out, cfg):
-            print(f"baseline: reusing {base_out}")
+        if (base_out / "summary.json").exists() and not config_differences(base_out, cfg, baseline=True):
+            print(f"baseline: reusing {base_out} (finished, same config)")
         else:
             _print_summary(run_baseline(cfg, base_out, resume=base_out.exists()))
-    run = run_baseline if kind == "baseline" else run_vcycle
-    _print_summary(run(cfg, out, resume=args.resume, overwrite=args.overwrite))
+    if finished is not None:  # the same run, finished: report it rather than fail or train it again
+        print(f"{args.command}: reusing {out} (finished, same config; --overwrite trains it again)")
+        _print_summary(finished)
+    else:
+        run = run_baseline if kind == "baseline" else run_vcycle
+        _print_summary(run(cfg, out, resume=args.resume, overwrite=args.overwrite))
     if base_out is not None:
         from .training.compare import compare_runs, format_comparison
 
@@ -235,6 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_cmd_new)
+
+    p = sub.add_parser("check", help="run every operator on a saved model and say which promised properties hold")
+    p.add_argument("model_dir", help="a model directory (config.json + model.safetensors) of a supported family")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--scheme", help="scheme JSON (default: merge --factor heads and 2 layers into one)")
+    g.add_argument("--factor", type=int, default=2, help="width factor of the default scheme (default 2)")
+    p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("map", help="apply an operator to checkpoint directories")
     ops = p.add_subparsers(dest="op", required=True)

@@ -33,6 +33,46 @@ def tiny_llama(layers=4, heads=4, kv_heads=2, hidden=32, tied=False):
     return LlamaForCausalLM(cfg).eval()
 
 
+def _hf(config_class, model_class, **values):
+    import transformers
+
+    cfg = getattr(transformers, config_class)(vocab_size=97, bos_token_id=0, eos_token_id=0, pad_token_id=0, **values)
+    return getattr(transformers, model_class)(cfg).eval()
+
+
+def tiny_qwen2(layers=4, heads=4, kv_heads=2, hidden=32, tied=False):
+    """Qwen2.5's layout: q/k/v biases, GQA; an FFN (3 x hidden - 6) that is no multiple of the heads."""
+    return _hf("Qwen2Config", "Qwen2ForCausalLM", num_hidden_layers=layers, num_attention_heads=heads,
+               num_key_value_heads=kv_heads, hidden_size=hidden, intermediate_size=3 * hidden - 6,
+               max_position_embeddings=32, tie_word_embeddings=tied)
+
+
+def tiny_qwen3(layers=4, heads=4, kv_heads=2, hidden=32, tied=True):
+    """Qwen3: q/k RMSNorms over head_dim, a head_dim of its own (heads x head_dim != hidden)."""
+    return _hf("Qwen3Config", "Qwen3ForCausalLM", num_hidden_layers=layers, num_attention_heads=heads,
+               num_key_value_heads=kv_heads, hidden_size=hidden, head_dim=hidden // heads + 4,
+               intermediate_size=3 * hidden, max_position_embeddings=32, tie_word_embeddings=tied)
+
+
+def tiny_mistral(layers=4, heads=4, kv_heads=2, hidden=32):
+    return _hf("MistralConfig", "MistralForCausalLM", num_hidden_layers=layers, num_attention_heads=heads,
+               num_key_value_heads=kv_heads, hidden_size=hidden, intermediate_size=3 * hidden,
+               max_position_embeddings=32, sliding_window=8)
+
+
+def tiny_gpt_neox(layers=4, heads=4, hidden=32, parallel=True):
+    """Pythia's layout: fused per-head qkv, parallel residual, partial rotary (a quarter of head_dim)."""
+    return _hf("GPTNeoXConfig", "GPTNeoXForCausalLM", num_hidden_layers=layers, num_attention_heads=heads,
+               hidden_size=hidden, intermediate_size=4 * hidden, max_position_embeddings=32, rotary_pct=0.25,
+               use_parallel_residual=parallel, hidden_dropout=0.0, attention_dropout=0.0)
+
+
+def tiny_opt(layers=4, heads=4, hidden=32):
+    return _hf("OPTConfig", "OPTForCausalLM", num_hidden_layers=layers, num_attention_heads=heads, hidden_size=hidden,
+               ffn_dim=3 * hidden, word_embed_proj_dim=hidden, max_position_embeddings=32, dropout=0.0,
+               attention_dropout=0.0)
+
+
 def tiny_vit(layers=4, heads=4, hidden=32):
     from timm.models.vision_transformer import VisionTransformer
 
@@ -40,7 +80,8 @@ def tiny_vit(layers=4, heads=4, hidden=32):
                              depth=layers, num_heads=heads, mlp_ratio=3.0).eval()
 
 
-FACTORIES = {"gpt2": tiny_gpt2, "bert": tiny_bert, "llama": tiny_llama, "vit": tiny_vit}
+FACTORIES = {"gpt2": tiny_gpt2, "bert": tiny_bert, "llama": tiny_llama, "vit": tiny_vit, "qwen2": tiny_qwen2,
+             "qwen3": tiny_qwen3, "mistral": tiny_mistral, "gpt_neox": tiny_gpt_neox, "opt": tiny_opt}
 
 
 def randomize(model, seed=0):

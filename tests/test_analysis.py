@@ -10,6 +10,7 @@ from models import FACTORIES, example_input, outputs, randomize
 
 from mlresearch.analysis import MinibatchCKA, capture, head_similarity, layer_similarity, linear_cka, neuron_similarity
 from mlresearch.analysis.metrics import gram, hsic_unbiased, pairwise
+from mlresearch.families import family_of
 
 
 # ----------------------------------------------------------------------------- CKA
@@ -97,7 +98,7 @@ def test_capture_leaves_outputs_unchanged_and_maps_are_distributions(family):
     assert L == len(cap.attentions) == len(cap.heads) == 4
     for a in cap.attentions:
         torch.testing.assert_close(a.sum(-1), torch.ones(a.shape[:-1]), atol=1e-5, rtol=0)
-        if family in ("gpt2", "llama"):  # causal: no weight on future keys
+        if family_of(model).task == "causal_lm":  # causal: no weight on future keys
             assert torch.triu(a, diagonal=1).abs().max() == 0
     # The captured maps reproduce the model's own per-head outputs: head_out = A @ V.
     with torch.no_grad():
@@ -138,6 +139,20 @@ def _values(model, family, cap, inputs):
             x = cap.hidden[i - 1] if i else x
             v = heads(layer.self_attn.v_proj(layer.input_layernorm(x)), c.num_key_value_heads)
             vals.append(v.repeat_interleave(c.num_attention_heads // c.num_key_value_heads, dim=1))
+    else:  # the value projections' own outputs, taken by this test's hooks during one forward pass
+        c, outs = model.config, []
+        layers = model.gpt_neox.layers if family == "gpt_neox" else (
+            model.model.decoder.layers if family == "opt" else model.model.layers)
+        mods = [layer.attention.query_key_value if family == "gpt_neox" else layer.self_attn.v_proj for layer in layers]
+        hooks = [m.register_forward_hook(lambda m, a, o: outs.append(o)) for m in mods]
+        model(**inputs)
+        for h in hooks:
+            h.remove()
+        kv = getattr(c, "num_key_value_heads", c.num_attention_heads)
+        for o in outs:
+            if family == "gpt_neox":  # per head: q, k, v of head_dim each
+                o = o.unflatten(-1, (c.num_attention_heads, 3, -1))[..., 2, :].flatten(-2)
+            vals.append(heads(o, kv).repeat_interleave(c.num_attention_heads // kv, dim=1))
     return vals
 
 
@@ -249,3 +264,20 @@ def test_js_divergence_is_pinned_to_known_values_in_nats():
     q = torch.tensor([[[[0.5, 0.5]]]])
     by_hand = 0.5 * (np.log(4 / 3) + 0.5 * np.log(2 / 3) + 0.5 * np.log(2))
     assert js_divergence(p, q) == pytest.approx(by_hand, abs=1e-6)
+
+
+@pytest.mark.parametrize("family", sorted(FACTORIES))
+def test_similarity_guided_scheme_fits_every_family(family):
+    """Measured on the model, the scheme coalesces it, and its width part de-coalesces exactly."""
+    from mlresearch.operators import Scheme, coalesce, decoalesce
+
+    model = randomize(FACTORIES[family](), 3)
+    scheme = Scheme.from_similarity(model, [example_input(model, seed=s) for s in range(2)])
+    sizes = family_of(model).sizes(model)
+    small = coalesce(model, scheme)
+    assert family_of(small).sizes(small).heads == sizes.heads // 2
+    width = Scheme(width=scheme.width, kv_heads=scheme.kv_heads)
+    narrow = randomize(coalesce(model, width), 4)
+    x = example_input(model)
+    ref, got = outputs(narrow, x), outputs(decoalesce(narrow, width), x)
+    assert (ref - got).abs().max() / ref.abs().max() <= 1e-5

@@ -77,8 +77,9 @@ def test_width_not_divisible():
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=32, n_inner=30, vocab_size=50,
                                        bos_token_id=0, eos_token_id=0))
-    with pytest.raises(SchemeError, match="FFN size 30 is not divisible"):
-        coalesce(model, Scheme.halving(model))
+    assert coalesce(model, Scheme.halving(model)).config.n_inner == 15  # FFN grouped on its own (30 / 2)
+    with pytest.raises(SchemeError, match="FFN size 30 is not divisible by the width factor 4"):
+        coalesce(model, Scheme.uniform(model, width_factor=4, depth_factor=None))
 
 
 def test_gqa_scheme_that_splits_kv_heads():

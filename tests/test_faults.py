@@ -255,7 +255,11 @@ def test_default_runs_go_to_runs_and_overwrite_spares_committed_files(tmp_path):
     subprocess.run(["git", "-C", str(tmp_path), "add", "."], check=True)
     done = cli("train", SMOKE, "--set", "train.steps=4", "--set", "vcycle=null", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert (tmp_path / "runs" / "gpt2_smoke" / "baseline-seed0" / "summary.json").exists()
+    mine = tmp_path / "runs" / "gpt2_smoke" / "baseline-seed0"
+    rows = (mine / "metrics.jsonl").read_text()
+    again = cli("train", SMOKE, "--set", "train.steps=4", "--set", "vcycle=null", cwd=tmp_path)
+    assert again.returncode == 0 and "reusing runs/gpt2_smoke/baseline-seed0 (finished, same config" in again.stdout
+    assert (mine / "metrics.jsonl").read_text() == rows  # reported, not trained again
     refused = cli("train", SMOKE, "--root", "results", "--overwrite", cwd=tmp_path)
     assert refused.returncode == 2 and "committed study" in refused.stderr
     assert (committed / "summary.json").read_text() == "{}"
@@ -284,6 +288,9 @@ BAD = [
     ("data.val_fraction=0", "data.val_fraction"),
     ("train.steps=[1", "not valid YAML"),
     ("data.corpus=[nope]", "nope"),
+    ("vcycle.lr=[0.003, -1]", "vcycle.lr[1]"),
+    ("vcycle.small_warmup=-1", "vcycle.small_warmup"),
+    ("seed=1.5", "seed must be an integer"),
 ]
 
 

@@ -20,7 +20,7 @@ from mlresearch.operators import Scheme, decoalesce, interpolate
 from mlresearch.training import engine
 from mlresearch.training.compare import compare_runs
 from mlresearch.training.config import ConfigError, load_config, parse_config
-from mlresearch.training.engine import TrainingDiverged, read_metrics
+from mlresearch.training.engine import read_metrics
 from mlresearch.training.flops import planned_ledger, train_flops_per_example
 from mlresearch.training.vcycle import run_baseline, run_vcycle
 

@@ -12,10 +12,15 @@ from ..errors import UnsupportedModelError
 from .base import Family, HFFamily, Recipe, Sizes
 from .bert import BERT
 from .gpt2 import GPT2
+from .gpt_neox import GPTNeoX
 from .llama import Llama
+from .mistral import Mistral
+from .opt import OPT
+from .qwen import Qwen2, Qwen3
 from .vit import ViT
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (GPT2(), BERT(), Llama(), ViT())}
+FAMILIES: dict[str, Family] = {f.name: f for f in (GPT2(), BERT(), Llama(), ViT(), Qwen2(), Qwen3(), Mistral(),
+                                                     GPTNeoX(), OPT())}
 
 
 def family_of(model: nn.Module) -> Family:

@@ -67,6 +67,9 @@ class Family:
     residual_writers: str = ""  # regex: block params whose output is added to the residual stream
     norm_position: str = "pre"  # "pre": x + f(norm(x)), zero writers make a block the identity
     attention_output: str = ""  # block module whose input is the concatenated per-head attention output
+    task: str = ""  # what its models are trained for: causal_lm, masked_lm or image_cls
+    mlp_matrices: int = 2  # weight matrices in an MLP (3 for SwiGLU: gate, up, down)
+    head_transform: bool = False  # a d x d transform before the output head (BERT's MLM head)
 
     def __init__(self) -> None:
         self._block = _compile(self.block_params)
@@ -97,6 +100,30 @@ class Family:
 
     def save(self, model: nn.Module, directory) -> None:
         raise NotImplementedError
+
+    def data_options(self, vocab_size: int | None, seq_len: int, special: dict) -> dict:
+        """Config/constructor options the data decides (vocabulary, positions, special tokens)."""
+        raise NotImplementedError
+
+    def forward_with_attention(self, model: nn.Module, inputs: dict) -> tuple[torch.Tensor, list, torch.Tensor]:
+        """Run ``model`` once: (output, per-layer attention maps (B, H, T, T), real-token mask (B, T))."""
+        raise NotImplementedError
+
+    def forward_flops(self, model: nn.Module, seq_len: int | None) -> dict[str, float]:
+        """Forward matmul FLOPs of one example by part (see :mod:`mlresearch.training.flops`);
+        language models here, image models override. Works on meta-device models."""
+        if seq_len is None:
+            raise ValueError("language models need seq_len")
+        s, t = self.sizes(model), seq_len
+        vocab = model.get_output_embeddings().weight.shape[0]
+        head = 2 * s.hidden * vocab * t + (2 * s.hidden * s.hidden * t if self.head_transform else 0)
+        return {**self._block_flops(s, t), "head": float(head), "patch_embed": 0.0}
+
+    def _block_flops(self, s: Sizes, tokens: int) -> dict[str, float]:
+        per_layer_token = 2 * (s.hidden * (s.heads + 2 * s.kv_heads) * s.head_dim + s.heads * s.head_dim * s.hidden
+                               + self.mlp_matrices * s.hidden * s.ffn)
+        return {"linear": float(per_layer_token * s.layers * tokens),
+                "attention": float(2 * 2 * tokens * tokens * s.heads * s.head_dim * s.layers)}
 
     # ---- shared machinery ----------------------------------------------------------
     def _recipe(self, model_or_recipe: nn.Module | Recipe) -> Recipe:
@@ -149,7 +176,7 @@ class Family:
                 if found is None or found.shape != buffer.shape:
                     raise RuntimeError(f"{self.name}: no source for buffer {full} of shape {tuple(buffer.shape)}")
                 module._buffers[buffer_name] = found.clone()
-        left = [n for n, p in model.named_parameters() if p.is_meta]
+        left = [n for n, _ in model.named_parameters() if n not in state]  # (works on the meta device too)
         if left:
             raise RuntimeError(f"{self.name}: parameters left unset after mapping: {left} (missing: {missing})")
         model.train(like.training)
@@ -168,7 +195,31 @@ class HFFamily(Family):
 
     classes: tuple[str, ...] = ()  # model classes this spec describes; the first is built by new()
     config_class: str = ""
-    config_keys: dict[str, str] = {}  # Sizes field -> config attribute
+    # Sizes field -> config attribute; the names most HF configs use (a config without one: derived)
+    config_keys: dict[str, str] = {"layers": "num_hidden_layers", "heads": "num_attention_heads",
+                                   "kv_heads": "num_key_value_heads", "hidden": "hidden_size",
+                                   "ffn": "intermediate_size", "head_dim": "head_dim"}
+    positions_key: str = "max_position_embeddings"  # config attribute: the longest sequence
+    per_layer_keys: tuple[str, ...] = ("layer_types",)  # config lists with one entry per layer
+    task = "causal_lm"
+
+    def data_options(self, vocab_size: int | None, seq_len: int, special: dict) -> dict:
+        eos = special.get("eos", 0)
+        return {"vocab_size": vocab_size, self.positions_key: seq_len, "bos_token_id": eos, "eos_token_id": eos}
+
+    def forward_with_attention(self, model: nn.Module, inputs: dict):
+        """HF models return attention maps with ``output_attentions=True`` under eager attention
+        (set for the call, then restored); padded keys get zero probability."""
+        before = getattr(model.config, "_attn_implementation", None)
+        model.set_attn_implementation("eager")
+        try:
+            result = model(**inputs, output_attentions=True)
+        finally:
+            if before and before != "eager":
+                model.set_attn_implementation(before)
+        mask = inputs.get("attention_mask")
+        mask = mask.bool() if mask is not None else torch.ones_like(inputs["input_ids"], dtype=torch.bool)
+        return result.logits, [a.detach() for a in result.attentions], mask
 
     def matches(self, model: nn.Module) -> bool:
         return type(model).__name__ in self.classes and hasattr(model, "config")
@@ -178,7 +229,7 @@ class HFFamily(Family):
 
     def _get(self, config: Any, field: str) -> int:
         key = self.config_keys.get(field)
-        return getattr(config, key) if key else None
+        return getattr(config, key, None) if key else None
 
     def sizes(self, model_or_recipe: nn.Module | Recipe) -> Sizes:
         config = self._recipe(model_or_recipe).config
@@ -191,8 +242,17 @@ class HFFamily(Family):
 
     def resize(self, recipe: Recipe, sizes: Sizes) -> Recipe:
         config = copy.deepcopy(recipe.config)
+        old_layers = self._get(config, "layers")
         for field, key in self.config_keys.items():
-            setattr(config, key, getattr(sizes, field))
+            if getattr(config, key, None) is not None or field in ("layers", "heads", "hidden", "ffn"):
+                setattr(config, key, getattr(sizes, field))
+        for key in self.per_layer_keys:  # per-layer settings (Qwen's layer_types) follow the depth
+            values = getattr(config, key, None)
+            if values is not None and len(values) == old_layers and sizes.layers != old_layers:
+                if len(set(values)) > 1:
+                    raise UnsupportedModelError(f"{self.name}: config.{key} differs between layers ({sorted(set(values))}); "
+                                                "changing the depth of such a model is not supported")
+                setattr(config, key, [values[0]] * sizes.layers)
         return Recipe(recipe.cls, config)
 
     def build(self, recipe: Recipe) -> nn.Module:
@@ -202,8 +262,10 @@ class HFFamily(Family):
         import transformers
 
         config_cls = getattr(transformers, self.config_class)
-        values = {key: getattr(sizes, field) for field, key in self.config_keys.items()}
-        return getattr(transformers, self.classes[0])(config_cls(**values, **options))
+        defaults = config_cls()  # keys this config does not know (BERT's kv heads) stay unset
+        values = {key: getattr(sizes, field) for field, key in self.config_keys.items()
+                  if field in ("layers", "heads", "hidden", "ffn") or getattr(defaults, key, None) is not None}
+        return getattr(transformers, self.classes[0])(config_cls(**{**values, **options}))
 
     def head_tied(self, model: nn.Module) -> bool:
         out, inp = model.get_output_embeddings(), model.get_input_embeddings()

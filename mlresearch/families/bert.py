@@ -11,12 +11,8 @@ class BERT(HFFamily):
     residual_writers = r"(attention\.)?output\.dense\.(weight|bias)"
     attention_output = "attention.output.dense"  # its input is the per-head attention output
     norm_position = "post"  # LN(x + f(x)): a zero f still re-normalises x
-    config_keys = {
-        "layers": "num_hidden_layers",
-        "heads": "num_attention_heads",
-        "hidden": "hidden_size",
-        "ffn": "intermediate_size",
-    }
+    task = "masked_lm"
+    head_transform = True
     top_params = {
         r"bert\.embeddings\.(word|position|token_type)_embeddings\.weight": (None, "hidden"),
         r"bert\.embeddings\.LayerNorm\.(weight|bias)": ("hidden",),
@@ -36,3 +32,6 @@ class BERT(HFFamily):
         r"intermediate\.dense\.bias": ("ffn",),
         r"output\.dense\.weight": ("hidden", "ffn_in"),
     }
+
+    def data_options(self, vocab_size, seq_len, special):
+        return {"vocab_size": vocab_size, "max_position_embeddings": seq_len, "pad_token_id": special.get("pad", 0)}

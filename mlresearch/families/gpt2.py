@@ -13,6 +13,7 @@ class GPT2(HFFamily):
     residual_writers = r"(attn|mlp)\.c_proj\.(weight|bias)"
     attention_output = "attn.c_proj"  # its input is the per-head attention output
     config_keys = {"layers": "n_layer", "heads": "n_head", "hidden": "n_embd", "ffn": "n_inner"}
+    positions_key = "n_positions"
     top_params = {
         r"transformer\.(wte|wpe)\.weight": (None, "hidden"),
         r"transformer\.ln_f\.(weight|bias)": ("final_norm",),

@@ -10,14 +10,7 @@ class Llama(HFFamily):
     layers = "model.layers"
     residual_writers = r"(self_attn\.o_proj|mlp\.down_proj)\.(weight|bias)"
     attention_output = "self_attn.o_proj"  # its input is the per-head attention output
-    config_keys = {
-        "layers": "num_hidden_layers",
-        "heads": "num_attention_heads",
-        "kv_heads": "num_key_value_heads",
-        "hidden": "hidden_size",
-        "ffn": "intermediate_size",
-        "head_dim": "head_dim",
-    }
+    mlp_matrices = 3  # SwiGLU
     top_params = {
         r"model\.embed_tokens\.weight": (None, "hidden"),
         r"model\.norm\.weight": ("final_norm",),

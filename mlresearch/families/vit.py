@@ -19,6 +19,7 @@ class ViT(Family):
     layers = "blocks"
     residual_writers = r"(attn\.proj|mlp\.fc2)\.(weight|bias)"
     attention_output = "attn.proj"  # its input is the per-head attention output
+    task = "image_cls"
     top_params = {
         r"(cls_token|reg_token|pos_embed)": (None, None, "hidden"),
         r"patch_embed\.proj\.weight": ("hidden", None, None, None),
@@ -122,3 +123,39 @@ class ViT(Family):
         (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+    def data_options(self, vocab_size, seq_len, special) -> dict:
+        return dict(img_size=28, patch_size=4, in_chans=1, num_classes=10)  # MNIST; model.options override
+
+    def forward_flops(self, model: nn.Module, seq_len=None) -> dict[str, float]:
+        """T = patches + class/register tokens; the patch embedding adds 2 (C p^2) d per patch and
+        the classifier 2 d classes once per image."""
+        s, pe = self.sizes(model), model.patch_embed
+        patches = pe.num_patches
+        conv = 2 * pe.proj.in_channels * pe.patch_size[0] * pe.patch_size[1] * s.hidden * patches
+        return {**self._block_flops(s, patches + model.num_prefix_tokens), "head": float(2 * s.hidden * model.num_classes),
+                "patch_embed": float(conv)}
+
+    def forward_with_attention(self, model: nn.Module, inputs: dict):
+        """timm's fused attention returns no maps: a pre-hook on each ``attn`` recomputes
+        ``softmax(q k^T * scale)`` from its input with the module's own weights (and q/k norms),
+        which leaves the outputs unchanged."""
+        import torch
+
+        maps: list = []
+
+        def hook(attn, args):
+            x = args[0]
+            b, n, _ = x.shape
+            qkv = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+            q, k = attn.q_norm(qkv[0]), attn.k_norm(qkv[1])
+            maps.append(torch.softmax((q * attn.scale) @ k.transpose(-2, -1), dim=-1))
+
+        handles = [block.attn.register_forward_pre_hook(hook) for block in model.blocks]
+        try:
+            output = model(inputs["x"])
+        finally:
+            for h in handles:
+                h.remove()
+        b, t = maps[0].shape[0], maps[0].shape[-1]
+        return output, maps, torch.ones(b, t, dtype=torch.bool)

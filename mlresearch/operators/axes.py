@@ -18,7 +18,13 @@ the reference code's F_out = [I/g ...]^T and T matrices, applied as reductions i
 matrix products: each costs one read and one write of the tensor.
 
 A role may also be a tuple of roles: a fused dimension made of equal-role segments, such as
-GPT-2's ``c_attn`` output (q, k, v) or timm's ``qkv``.
+GPT-2's ``c_attn`` output (q, k, v) or timm's ``qkv``. A role ``"heads:3"`` is the heads space in
+units of three head-sized chunks: a fused per-head layout such as GPT-NeoX's ``query_key_value``
+(head h's q, k and v rows together).
+
+Each space has its own :class:`Grouping` (see :func:`mlresearch.operators.mapping.make_plan`):
+heads as the scheme says, key/value heads as their query heads imply, hidden and FFN by the same
+factor on their own, so no axis has to be a multiple of another's size.
 """
 
 from __future__ import annotations
@@ -44,6 +50,18 @@ ROLES: dict[str, tuple[str, str]] = {
 }
 
 
+def role_info(segment: str) -> tuple[str, str, int]:
+    """(space, mode, units per chunk) of a single role such as ``"ffn_in"`` or ``"heads:3"``."""
+    base, _, mult = segment.partition(":")
+    space, mode = ROLES[base]
+    return space, mode, int(mult or 1)
+
+
+def grouping_for(width: dict[str, "Grouping"], segment: str) -> "Grouping":
+    space, _, mult = role_info(segment)
+    return width[space] if mult == 1 else width[space].scaled(mult)
+
+
 @dataclass(frozen=True)
 class Grouping:
     """``groups[i]`` are the large-model units merged into small unit ``i``; each unit is
@@ -56,6 +74,17 @@ class Grouping:
     def small(self) -> int:
         return len(self.groups)
 
+    def scaled(self, mult: int) -> "Grouping":
+        """The same groups over units ``mult`` times as long (fused per-unit layouts)."""
+        return Grouping(self.groups, self.chunk * mult)
+
+    @classmethod
+    def strided(cls, n: int, factor: int) -> "Grouping":
+        """Unit ``i`` with units ``i + k*n/factor`` over ``n`` single entries (the paper's
+        "neuron i with neuron i + d/2", for any factor)."""
+        small = n // factor
+        return cls(tuple(tuple(i + k * small for k in range(factor)) for i in range(small)), 1)
+
     @property
     def size(self) -> int:
         return len(self.groups[0])
@@ -65,7 +94,7 @@ class Grouping:
         return self.small * self.size
 
     @cached_property
-    def strided(self) -> bool:
+    def is_strided(self) -> bool:
         """True for the paper's pattern (unit i with i + k*small): a reshape, no gather."""
         return all(g[k] == i + k * self.small for i, g in enumerate(self.groups) for k in range(self.size))
 
@@ -94,9 +123,9 @@ class Grouping:
 
     def reduce(self, x: torch.Tensor, dim: int, mode: str) -> torch.Tensor:
         """Large -> small along ``dim``: mean (output mode) or sum (input mode) of each group."""
-        if self.size == 1 and self.strided:
+        if self.size == 1 and self.is_strided:
             return x
-        if not self.strided:
+        if not self.is_strided:
             x = x.index_select(dim, self.gather_index.to(x.device))
         x = x.unflatten(dim, (self.size, self.small * self.chunk))
         return x.mean(dim) if mode == "out" else x.sum(dim)
@@ -105,9 +134,9 @@ class Grouping:
         """Small -> large along ``dim``: copy (output mode) or copy / g (input mode)."""
         if mode == "in" and self.size > 1:
             x = x * (1.0 / self.size)
-        if self.size == 1 and self.strided:
+        if self.size == 1 and self.is_strided:
             return x.clone() if mode == "out" else x
-        if self.strided:
+        if self.is_strided:
             return torch.cat([x] * self.size, dim)
         return x.index_select(dim, self.scatter_index.to(x.device))
 
@@ -117,7 +146,7 @@ def _segments(role: Role) -> tuple:
 
 
 def _modes(roles: tuple[Role, ...]) -> set[str]:
-    return {ROLES[s][1] for r in roles if r is not None for s in _segments(r)}
+    return {role_info(s)[1] for r in roles if r is not None for s in _segments(r)}
 
 
 def grad_factor(roles: tuple[Role, ...], width: dict[str, Grouping]) -> float:
@@ -130,7 +159,7 @@ def grad_factor(roles: tuple[Role, ...], width: dict[str, Grouping]) -> float:
     input-mode axes (an untied head, the split norm before a tied head) writes a non-duplicated
     result and gets the full gradient. Untouched tensors get the full gradient too.
     """
-    sizes = [width[ROLES[s][0]].size for r in roles if r is not None for s in _segments(r) if ROLES[s][1] == "out"]
+    sizes = [grouping_for(width, s).size for r in roles if r is not None for s in _segments(r) if role_info(s)[1] == "out"]
     return 1.0 / sizes[0] if sizes else 1.0
 
 
@@ -144,12 +173,11 @@ def _strided_fast_path(x, roles, width, down, how):
         return None
     if any(isinstance(r, tuple) for r in roles):
         return None
-    dims = [(d, ROLES[r]) for d, r in enumerate(roles) if r is not None]
-    if not dims or not all(width[space].strided for _, (space, _) in dims):
+    dims = [(d, grouping_for(width, r), role_info(r)[1]) for d, r in enumerate(roles) if r is not None]
+    if not dims or not all(g.is_strided for _, g, _ in dims):
         return None
     scale = 1.0
-    for d, (space, mode) in dims:
-        g = width[space]
+    for d, g, mode in dims:
         if g.chunk * (g.big if down else g.small) != x.shape[d]:
             return None  # let the general path raise its clear error
         if not how.startswith("moment") and mode == "out" and down:
@@ -160,11 +188,11 @@ def _strided_fast_path(x, roles, width, down, how):
         factor = grad_factor(roles, width) ** (2 if how == "moment_sq" else 1)
         scale = 1.0 / factor if down else factor
         if down:
-            scale /= math.prod(width[space].size for _, (space, _) in dims)
+            scale /= math.prod(g.size for _, g, _ in dims)
     if down:  # one accumulation over every block of the strided grid: a single read of x
         blocks = [x]
-        for d, (space, _) in dims:
-            g, n = width[space].size, x.shape[d] // width[space].size
+        for d, grouping, _ in dims:
+            g, n = grouping.size, x.shape[d] // grouping.size
             blocks = [b.narrow(d, k * n, n) for b in blocks for k in range(g)]
         y = blocks[0].clone() if len(blocks) == 1 else torch.add(blocks[0], blocks[1])
         for b in blocks[2:]:
@@ -173,7 +201,7 @@ def _strided_fast_path(x, roles, width, down, how):
     # Up: write the scaled, repeated tensor in one pass through a broadcast view.
     split_shape, src_shape, out_shape = [], [], []
     for d, n in enumerate(x.shape):
-        g = width[ROLES[roles[d]][0]].size if roles[d] is not None else 1
+        g = grouping_for(width, roles[d]).size if roles[d] is not None else 1
         split_shape += [g, n]
         src_shape += [1, n]
         out_shape.append(g * n)
@@ -225,12 +253,12 @@ def map_tensor(
         return fast
     order = [d for d, r in enumerate(roles) if r is not None]
     if not down:
-        order.sort(key=lambda d: ROLES[_segments(roles[d])[0]][1] != "in")
+        order.sort(key=lambda d: role_info(_segments(roles[d])[0])[1] != "in")
     members = {}
     for dim in order:
         role = roles[dim]
         segs = _segments(role)
-        groupings = [(width[ROLES[s][0]], "out" if (moment or block) else ROLES[s][1]) for s in segs]
+        groupings = [(grouping_for(width, s), "out" if (moment or block) else role_info(s)[1]) for s in segs]
         have = x.shape[dim]
         per_seg = [(g.big if down else g.small) * g.chunk for g, _ in groupings]
         if sum(per_seg) != have:
@@ -248,7 +276,7 @@ def map_tensor(
         (d0, m0), (d1, m1) = members.items()
         shape0, shape1 = [1] * x.dim(), [1] * x.dim()
         shape0[d0], shape1[d1] = -1, -1
-        x = x * (m0.view(shape0) == m1.view(shape1)).to(x.dtype)
+        x = x * (m0.view(shape0) == m1.view(shape1)).to(device=x.device, dtype=x.dtype)  # (GPU, meta too)
     if moment:
         factor = grad_factor(roles, width) ** (2 if how == "moment_sq" else 1)
         if factor != 1.0:

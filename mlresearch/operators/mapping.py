@@ -1,8 +1,10 @@
 """Coalescing and de-coalescing (Zou et al., ICLR 2024) on top of the axis engine.
 
-Width: the scheme's head groups also group the hidden and FFN axes "in the same pattern over
-equal chunks" (hidden unit i is the i-th slice of hidden/H entries, likewise for FFN), and GQA
-key/value heads in the groups their query heads imply. Depth: small layer i is the mean of the
+Width: every width space gets its own grouping by the scheme's factor g. Heads as the scheme
+says; GQA key/value heads in the groups their query heads imply; the hidden and FFN axes in the
+head groups over H equal chunks when H divides them (the paper's "same pattern over equal
+chunks"; for the strided halving scheme this is "neuron i with neuron i + d/2"), otherwise on
+their own in the strided pattern of factor g, or in the FFN groups a scheme gives explicitly. Depth: small layer i is the mean of the
 large layers in ``depth[i]``; de-coalescing copies it back to each of them. Width and depth act on
 different axes and commute; we apply width, then depth.
 """
@@ -67,6 +69,21 @@ def _kv_groups(big: Sizes, groups: Groups) -> Groups:
     return tuple(tuple(m) for m in members)
 
 
+def _axis_grouping(what: str, n: int, head_groups: Groups, explicit: Groups | None) -> Grouping:
+    """The grouping of a hidden or FFN axis of size ``n`` (see the module docstring)."""
+    g, heads = len(head_groups[0]), len(head_groups) * len(head_groups[0])
+    if explicit is not None:
+        check_partition(explicit, n, f"{what} scheme", equal_sizes=True)
+        if len(explicit[0]) != g:
+            raise SchemeError(f"{what} scheme merges {len(explicit[0])} units into one, the width scheme {g}")
+        return Grouping(explicit, 1)
+    if n % heads == 0:
+        return Grouping(head_groups, n // heads)
+    if n % g:
+        raise SchemeError(f"{what} {n} is not divisible by the width factor {g}")
+    return Grouping.strided(n, g)
+
+
 def _large_sizes(small: Sizes, scheme: Scheme) -> Sizes:
     """The size of the model a scheme de-coalesces ``small`` into."""
     sizes = small
@@ -93,16 +110,13 @@ def make_plan(sizes: Sizes, scheme: Scheme, down: bool) -> Plan:
         groups = scheme.width
         check_partition(groups, big.heads, "width scheme (heads)", equal_sizes=True)
         g = len(groups[0])
-        for what, n in (("hidden size", big.hidden), ("FFN size", big.ffn)):
-            if n % big.heads:
-                raise SchemeError(f"{what} {n} is not divisible by the {big.heads} heads the width scheme groups")
         if scheme.kv_heads is not None and scheme.kv_heads != big.kv_heads:
             raise SchemeError(f"scheme says the large model has {scheme.kv_heads} kv heads, it has {big.kv_heads}")
         kv = _kv_groups(big, groups)
         width = {
             "heads": Grouping(groups, big.head_dim),
-            "hidden": Grouping(groups, big.hidden // big.heads),
-            "ffn": Grouping(groups, big.ffn // big.heads),
+            "hidden": _axis_grouping("hidden size", big.hidden, groups, None),
+            "ffn": _axis_grouping("FFN size", big.ffn, groups, scheme.ffn),
             "kv_heads": Grouping(kv, big.head_dim),
         }
         small = small.replace(heads=len(groups), hidden=big.hidden // g, ffn=big.ffn // g, kv_heads=len(kv))

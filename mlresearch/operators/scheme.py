@@ -19,7 +19,7 @@ from ..errors import SchemeError
 Groups = tuple[tuple[int, ...], ...]
 
 # Keys of the reference implementation's JSON format (map_tools/config/*.json) that we accept.
-_JSON_KEYS = {"width_scheme", "depth_scheme", "reserved_heads", "reserved_layers", "kv_heads"}
+_JSON_KEYS = {"width_scheme", "depth_scheme", "ffn_scheme", "reserved_heads", "reserved_layers", "kv_heads"}
 
 
 def _as_groups(value: Any, what: str) -> Groups | None:
@@ -70,17 +70,25 @@ class Scheme:
 
     ``kv_heads`` (optional) is the large model's number of key/value heads (GQA). It is only
     needed to de-coalesce a GQA model whose query/kv ratio changes under the scheme.
+    ``ffn`` (optional) groups the FFN neurons explicitly (each group as many neurons as a width
+    group has heads); without it the FFN axis follows the heads or the strided pattern.
     """
 
     width: Groups | None = None
     depth: Groups | None = None
     kv_heads: int | None = None
+    ffn: Groups | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "width", _as_groups(self.width, "width scheme"))
         object.__setattr__(self, "depth", _as_groups(self.depth, "depth scheme"))
+        object.__setattr__(self, "ffn", _as_groups(self.ffn, "FFN scheme"))
         if self.width is None and self.depth is None:
             raise SchemeError("a scheme needs a width scheme, a depth scheme, or both")
+        if self.ffn is not None:
+            if self.width is None:
+                raise SchemeError("an FFN scheme needs a width scheme (it says how many neurons merge)")
+            _check_structure(self.ffn, "FFN scheme", True)
         # Structure only here; whether the indices cover a model's heads/layers is checked
         # against that model when the scheme is applied.
         for groups, what, equal in ((self.width, "width scheme", True), (self.depth, "depth scheme", False)):
@@ -163,7 +171,11 @@ class Scheme:
         for key in ("reserved_heads", "reserved_layers"):
             if data.get(key):
                 raise SchemeError(f"{key} is not supported (the reference code ignores it too); leave it empty")
-        return cls(width=data.get("width_scheme"), depth=data.get("depth_scheme"), kv_heads=data.get("kv_heads"))
+        kv = data.get("kv_heads")
+        if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1):
+            raise SchemeError(f"kv_heads must be a positive integer, got {kv!r}")
+        return cls(width=data.get("width_scheme"), depth=data.get("depth_scheme"), kv_heads=kv,
+                   ffn=data.get("ffn_scheme"))
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "Scheme":
@@ -179,6 +191,8 @@ class Scheme:
             out["depth_scheme"] = [list(g) for g in self.depth]
         if self.kv_heads is not None:
             out["kv_heads"] = self.kv_heads
+        if self.ffn is not None:
+            out["ffn_scheme"] = [list(g) for g in self.ffn]
         return out
 
     def to_json(self, path: str | os.PathLike) -> None:

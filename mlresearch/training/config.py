@@ -17,7 +17,7 @@ import yaml
 
 from ..errors import MLResearchError
 
-TASKS = {"causal_lm": ("gpt2", "llama"), "masked_lm": ("bert",), "image_cls": ("vit",)}
+TASKS = ("causal_lm", "masked_lm", "image_cls")
 
 
 class ConfigError(MLResearchError, ValueError):
@@ -183,8 +183,9 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"task must be one of {sorted(TASKS)}, got {cfg.task!r}")
     if cfg.model.family not in FAMILIES:
         raise ConfigError(f"model.family must be one of {sorted(FAMILIES)}, got {cfg.model.family!r}")
-    if cfg.model.family not in TASKS[cfg.task]:
-        raise ConfigError(f"task {cfg.task} trains {TASKS[cfg.task]} models, not {cfg.model.family}")
+    if FAMILIES[cfg.model.family].task != cfg.task:
+        fits = sorted(name for name, f in FAMILIES.items() if f.task == cfg.task)
+        raise ConfigError(f"task {cfg.task} trains {fits} models, not {cfg.model.family}")
     m = cfg.model
     for name in ("layers", "heads", "hidden"):
         _positive(getattr(m, name), f"model.{name}")
@@ -253,7 +254,7 @@ def _validate_data(cfg: RunConfig) -> None:
 
 def _validate_vcycle(cfg: RunConfig) -> None:
     v = cfg.vcycle
-    if v.levels not in (2, 3, 4):
+    if isinstance(v.levels, bool) or v.levels not in (2, 3, 4):
         raise ConfigError(f"vcycle.levels must be 2, 3 or 4, got {v.levels}")
     k = v.levels - 1
     for name in ("down_steps", "up_steps"):
@@ -267,6 +268,14 @@ def _validate_vcycle(cfg: RunConfig) -> None:
         seq = getattr(v, name)
         if seq is not None and (not isinstance(seq, list) or len(seq) != n):
             raise ConfigError(f"vcycle.{name} needs {n} entries, got {seq!r}")
+    for i, lr in enumerate(v.lr or []):
+        _number(lr, f"vcycle.lr[{i}]", 0, low_open=True)
+    for name in ("down_warmup", "up_warmup"):
+        for i, w in enumerate(getattr(v, name) or []):
+            _positive(w, f"vcycle.{name}[{i}]", zero_ok=True)
+    _positive(v.small_warmup, "vcycle.small_warmup", zero_ok=True)
+    if v.small_warmup > v.small_steps:
+        raise ConfigError(f"vcycle.small_warmup {v.small_warmup} exceeds vcycle.small_steps {v.small_steps}")
     if v.down_warmup and any(w > s for w, s in zip(v.down_warmup, v.down_steps)):
         raise ConfigError("vcycle.down_warmup exceeds its phase's down_steps")
     if v.up_warmup and any(w > s for w, s in zip(v.up_warmup, v.up_steps)):
@@ -277,6 +286,8 @@ def _validate_vcycle(cfg: RunConfig) -> None:
             f"budgets do not add up: the V-cycle trains the full model for {v.down_steps[0]} + {v.up_steps[-1]} = "
             f"{large_steps} steps, more than the baseline's train.steps {cfg.train.steps}"
         )
+    if not isinstance(v.tag, str) or not isinstance(v.scheme, str):
+        raise ConfigError(f"vcycle.tag and vcycle.scheme must be strings, got {v.tag!r} and {v.scheme!r}")
     if v.tag and not re.fullmatch(r"[A-Za-z0-9_.+-]+", v.tag):
         raise ConfigError(f"vcycle.tag names a run directory: letters, digits and _ . + - only, got {v.tag!r}")
     if v.optimizer not in ("reset", "carry"):
@@ -285,7 +296,7 @@ def _validate_vcycle(cfg: RunConfig) -> None:
     if isinstance(alpha, str):
         if alpha not in ("adaptive", "adaptive-row"):
             raise ConfigError(f"vcycle.alpha must be a number in [0, 1], 'adaptive' or 'adaptive-row', got {alpha!r}")
-    elif not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
+    elif isinstance(alpha, bool) or not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
         raise ConfigError(f"vcycle.alpha must lie in [0, 1], got {alpha!r}")
     named = ("halving", "halving-stack", "width-only", "depth-only", "similarity")
     if v.scheme not in named and Path(v.scheme).suffix != ".json":

@@ -22,31 +22,9 @@ from ..families import family_of
 
 
 def forward_flops_per_example(model: nn.Module, seq_len: int | None = None) -> dict[str, float]:
-    """Forward matmul FLOPs of one example, by part (works on meta-device models)."""
-    family = family_of(model)
-    s = family.sizes(model)
-    if family.name == "vit":
-        pe = model.patch_embed
-        patches = pe.num_patches
-        tokens = patches + model.num_prefix_tokens
-        conv = 2 * pe.proj.in_channels * pe.patch_size[0] * pe.patch_size[1] * s.hidden * patches
-        head = 2 * s.hidden * model.num_classes
-        mlp_mats = 2
-    else:
-        tokens = seq_len
-        if tokens is None:
-            raise ValueError("language models need seq_len")
-        vocab = model.get_output_embeddings().weight.shape[0]
-        conv = 0
-        head = 2 * s.hidden * vocab * tokens
-        if family.name == "bert":
-            head += 2 * s.hidden * s.hidden * tokens
-        mlp_mats = 3 if family.name == "llama" else 2
-    per_layer_token = 2 * (s.hidden * (s.heads + 2 * s.kv_heads) * s.head_dim + s.heads * s.head_dim * s.hidden
-                           + mlp_mats * s.hidden * s.ffn)
-    linear = per_layer_token * s.layers * tokens
-    attention = 2 * 2 * tokens * tokens * s.heads * s.head_dim * s.layers
-    return {"linear": float(linear), "attention": float(attention), "head": float(head), "patch_embed": float(conv)}
+    """Forward matmul FLOPs of one example, by part (works on meta-device models); the family
+    knows its parts (MLP matrices, head transform, patch embedding)."""
+    return family_of(model).forward_flops(model, seq_len)
 
 
 def train_flops_per_example(model: nn.Module, seq_len: int | None = None) -> float:

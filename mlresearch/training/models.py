@@ -27,19 +27,9 @@ def data_settings(cfg: RunConfig) -> dict:
 
 
 def model_options(cfg: RunConfig, vocab_size: int | None, special: dict | None = None) -> dict:
-    """Config/constructor options the data decides (vocabulary, positions, image shape)."""
-    family, seq = cfg.model.family, cfg.data.seq_len
-    opts: dict = {}
-    if family == "gpt2":
-        eos = (special or {}).get("eos", 0)
-        opts = dict(vocab_size=vocab_size, n_positions=seq, bos_token_id=eos, eos_token_id=eos)
-    elif family == "llama":
-        eos = (special or {}).get("eos", 0)
-        opts = dict(vocab_size=vocab_size, max_position_embeddings=seq, bos_token_id=eos, eos_token_id=eos)
-    elif family == "bert":
-        opts = dict(vocab_size=vocab_size, max_position_embeddings=seq, pad_token_id=(special or {}).get("pad", 0))
-    elif family == "vit":
-        opts = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10)
+    """Config/constructor options the data decides (vocabulary, positions, image shape), then the
+    config's own ``model.options``."""
+    opts = FAMILIES[cfg.model.family].data_options(vocab_size, cfg.data.seq_len, special or {})
     opts.update(cfg.model.options)
     return opts
 

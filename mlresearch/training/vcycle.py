@@ -36,9 +36,9 @@ from ..errors import MLResearchError
 from ..faults import fault_point
 from ..data.datasets import load_data
 from ..operators import coalesce, coalesce_state, decoalesce, decoalesce_state, interpolate
-from ..results import REPO, provenance, write_json
+from ..results import provenance, write_json
 from .config import ConfigError, RunConfig, default_value
-from .engine import (Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, read_metrics, set_rng_state,
+from .engine import (Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, set_rng_state,
                      train_phase)
 from .models import build_model, check_model_fits_data, data_settings, scheme_for
 
@@ -89,7 +89,7 @@ def _latest_checkpoint_rows(ckpt: Path) -> int:
     return max((load_state(d)["log_rows"] for d in ckpt.iterdir() if d.is_dir() and state_exists(d)), default=0)
 
 
-def config_differences(out: Path, cfg: RunConfig) -> list[str]:
+def config_differences(out: Path, cfg: RunConfig, baseline: bool = False) -> list[str]:
     """Dotted keys whose values in ``out/config.yaml`` differ from ``cfg`` (keys the stored
     config lacks count as equal when ``cfg`` has their default)."""
     path = Path(out) / "config.yaml"
@@ -108,14 +108,17 @@ def config_differences(out: Path, cfg: RunConfig) -> list[str]:
     for k in new.keys() - old.keys():  # a setting added after the run was written: it had its default
         default = default_value(k)
         old[k] = list(default) if isinstance(default, tuple) else default
-    return sorted(k for k in new if k != "train.threads" and old[k] != new[k])
+    keys = set(new) | (set(old) if baseline else set())
+    if baseline:  # a baseline does not depend on the V-cycle section its config file carries
+        keys = {k for k in keys if k.split(".")[0] != "vcycle"}
+    return sorted(k for k in keys if k != "train.threads" and old.get(k) != new.get(k))
 
 
 class Run:
     """Shared plumbing of a baseline or V-cycle run: one writer per run directory (a lock), and
     nothing written before the config, the output path and the data have been checked."""
 
-    def __init__(self, cfg: RunConfig, out: Path, resume: bool, overwrite: bool) -> None:
+    def __init__(self, cfg: RunConfig, out: Path, resume: bool, overwrite: bool, kind: str) -> None:
         from accelerate import Accelerator
 
         if cfg.train.threads:
@@ -133,13 +136,16 @@ class Run:
         self.accelerator.wait_for_everyone()
         if exists and not resume:
             if not overwrite:
-                raise FileExistsError(f"{self.out} exists; pass --resume to continue it or --overwrite to start over")
+                changed = config_differences(self.out, cfg, baseline=kind == "baseline")
+                other = f" with another config (differs in {', '.join(changed)})" if changed else ""
+                raise FileExistsError(f"{self.out} exists{other}; pass --resume to continue it, --overwrite to start "
+                                      "over, or --out/--root to write elsewhere")
             tracked = _tracked_files(self.out)
             if tracked:
                 raise FileExistsError(f"{self.out} holds {len(tracked)} file(s) of the committed study; --overwrite "
                                       "will not delete them: write elsewhere with --out or --root")
         if exists and resume:
-            changed = config_differences(self.out, cfg)
+            changed = config_differences(self.out, cfg, baseline=kind == "baseline")
             if changed:
                 raise ConfigError(f"{self.out} was started with another config (differs in {', '.join(changed)}); "
                                   "resume it with its own config, or give the variant its own directory (--out or "
@@ -249,7 +255,7 @@ class Run:
 
 
 def run_baseline(cfg: RunConfig, out: Path | None = None, resume: bool = False, overwrite: bool = False) -> dict:
-    with Run(cfg, out or default_out(cfg, "baseline"), resume, overwrite) as run:
+    with Run(cfg, out or default_out(cfg, "baseline"), resume, overwrite, "baseline") as run:
         t = cfg.train
         model, _ = run.train(run.new_model(), None, Phase("baseline", 1, t.steps, t.lr, t.warmup))
         return run.finish(model, "baseline")
@@ -258,7 +264,7 @@ def run_baseline(cfg: RunConfig, out: Path | None = None, resume: bool = False, 
 def run_vcycle(cfg: RunConfig, out: Path | None = None, resume: bool = False, overwrite: bool = False) -> dict:
     if cfg.vcycle is None:
         raise ValueError("the config has no vcycle section")
-    with Run(cfg, out or default_out(cfg, "vcycle"), resume, overwrite) as run:
+    with Run(cfg, out or default_out(cfg, "vcycle"), resume, overwrite, "vcycle") as run:
         return _vcycle(run)
 
 
