@@ -1,5 +1,6 @@
 """The ``mlresearch`` command line.
 
+    mlresearch run     CONFIG --method baseline|small|vcycle [--plan] [--baseline] [--out DIR] [--resume]
     mlresearch train   CONFIG [--out DIR] [--resume] [--set key=value]   baseline from scratch
     mlresearch vcycle  CONFIG [--out DIR] [--resume] [--baseline]        V-cycle (and its baseline)
     mlresearch compare BASELINE_RUN VCYCLE_RUN                           FLOPs/wall saving
@@ -116,10 +117,15 @@ def _cmd_new(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from .training.config import load_config
-    from .training.vcycle import config_differences, default_out, run_baseline, run_vcycle
+    from .training.methods import build_plan, format_plan
+    from .training.vcycle import config_differences, default_out, run_baseline, run_method
 
     cfg = load_config(args.config, args.set)
-    kind = "baseline" if args.command == "train" else "vcycle"
+    kind = {"train": "baseline", "vcycle": "vcycle"}.get(args.command) or args.method
+    build_plan(cfg, kind)  # an unknown method, or one the config cannot plan, is an error here
+    if getattr(args, "plan", False):
+        print(format_plan(cfg, kind))
+        return 0
     out = Path(args.out) if args.out else default_out(cfg, kind, args.root)
     if (out / "summary.json").exists() and not args.overwrite and not args.resume:
         changed = config_differences(out, cfg, baseline=kind == "baseline")
@@ -131,7 +137,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     else:
         finished = None
     base_out = None
-    if kind == "vcycle" and args.baseline:
+    if kind != "baseline" and getattr(args, "baseline", False):
         base_out = default_out(cfg, "baseline", args.root)
         if (base_out / "summary.json").exists() and not config_differences(base_out, cfg, baseline=True):
             print(f"baseline: reusing {base_out} (finished, same config)")
@@ -141,8 +147,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"{args.command}: reusing {out} (finished, same config; --overwrite trains it again)")
         _print_summary(finished)
     else:
-        run = run_baseline if kind == "baseline" else run_vcycle
-        _print_summary(run(cfg, out, resume=args.resume, overwrite=args.overwrite))
+        _print_summary(run_method(cfg, kind, out, resume=args.resume, overwrite=args.overwrite))
     if base_out is not None:
         from .training.compare import compare_runs, format_comparison
 
@@ -204,9 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .families import FAMILIES
 
-    for name, text in (("train", "train a baseline from scratch"), ("vcycle", "run the V-cycle")):
+    from .training.methods import METHODS
+
+    for name, text in (("run", "run a method's plan (baseline, small-model control, V-cycle, ...)"),
+                       ("train", "train a baseline from scratch (= run --method baseline)"),
+                       ("vcycle", "run the V-cycle (= run --method vcycle)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("config", help="YAML config (experiments/configs/*.yaml)")
+        if name == "run":
+            p.add_argument("--method", required=True, choices=sorted(METHODS))
+            p.add_argument("--plan", action="store_true",
+                           help="print every phase and transition (model size, steps, tokens, planned FLOPs) and "
+                                "the total, without training")
         p.add_argument("--out", help="run directory (default ROOT/<experiment>/<run>)")
         p.add_argument("--root", help="where default run directories go (default $MLRESEARCH_RUNS or ./runs; "
                                       "the committed study uses --root results)")
@@ -215,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--skip-done", action="store_true", help="do nothing if the run already has its summary")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. train.steps=100")
-        if name == "vcycle":
+        if name != "train":
             p.add_argument("--baseline", action="store_true",
                            help="also train (or reuse) the baseline and print the comparison")
         p.set_defaults(func=_cmd_train)
@@ -297,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _resume_hint(args: argparse.Namespace, argv: Sequence[str]) -> str:
-    if getattr(args, "command", None) in ("train", "vcycle"):
+    if getattr(args, "command", None) in ("run", "train", "vcycle"):
         again = [a for a in argv if a != "--overwrite"] + ([] if args.resume else ["--resume"])
         return f"; checkpoints are kept: continue with `mlresearch {shlex.join(again)}`"
     return ""

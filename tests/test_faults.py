@@ -59,8 +59,8 @@ def leftovers(run_dir):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     root = tmp_path_factory.mktemp("uninterrupted")
-    for command in ("train", "vcycle"):
-        done = cli(command, SMOKE, "--out", root / command, *DROPOUT)
+    for command in ("train", "vcycle", "run --method small"):
+        done = cli(*command.split(), SMOKE, "--out", root / command.replace(" ", "_"), *DROPOUT)
         assert done.returncode == 0, done.stderr[-2000:]
     return root
 
@@ -73,19 +73,20 @@ def uninterrupted(tmp_path_factory):
     # Killed between the two renames of a checkpoint replace: the previous checkpoint (step 4) survives.
     ("vcycle", ["between-renames:up1"], "up1 at step 4"),
     ("train", ["between-renames:baseline#2", "step:baseline:10"], "baseline at step 8"),
+    ("run --method small", ["step:small:6"], "small at step 4"),
 ])
 def test_any_sequence_of_kills_resumes_to_the_uninterrupted_run(tmp_path, uninterrupted, command, faults, resumes_at):
-    out = tmp_path / "run"
+    out, reference = tmp_path / "run", uninterrupted / command.replace(" ", "_")
     for i, fault in enumerate(faults):
-        killed = cli(command, SMOKE, "--out", out, *DROPOUT, *(["--resume"] if i else []), fault=fault)
+        killed = cli(*command.split(), SMOKE, "--out", out, *DROPOUT, *(["--resume"] if i else []), fault=fault)
         assert killed.returncode == -signal.SIGKILL, (fault, killed.stderr[-2000:])
         assert not (out / "summary.json").exists()
-    resumed = cli(command, SMOKE, "--out", out, "--resume", *DROPOUT)
+    resumed = cli(*command.split(), SMOKE, "--out", out, "--resume", *DROPOUT)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     if resumes_at:
         assert f"resuming {resumes_at} of " in resumed.stderr
-    assert untimed(out) == untimed(uninterrupted / command)
-    a = json.loads((uninterrupted / command / "summary.json").read_text())
+    assert untimed(out) == untimed(reference)
+    a = json.loads((reference / "summary.json").read_text())
     b = json.loads((out / "summary.json").read_text())
     assert a["final_full_val"] == b["final_full_val"] and a["flops_total"] == b["flops_total"]
     assert leftovers(out) == []

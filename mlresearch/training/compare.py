@@ -1,4 +1,4 @@
-"""Compare a V-cycle run with its baseline from their metrics files.
+"""Compare a method's run (V-cycle, small-model control, ...) with its baseline from their metrics files.
 
 The target is the baseline's final validation loss. For each run we take the FLOPs (and wall
 time) at the first evaluation whose validation loss is at or below the target; for the V-cycle
@@ -42,7 +42,7 @@ def _finished(run: Path, role: str) -> dict:
     return summary
 
 
-def check_comparable(baseline_dir: str | Path, vcycle_dir: str | Path) -> None:
+def check_comparable(baseline_dir: str | Path, vcycle_dir: str | Path) -> str:
     """Refuse pairs whose saving would mean nothing: unfinished runs, arguments in the wrong order,
     runs of different experiments or seeds."""
     base, other = _finished(Path(baseline_dir), "baseline"), _finished(Path(vcycle_dir), "compared")
@@ -55,10 +55,11 @@ def check_comparable(baseline_dir: str | Path, vcycle_dir: str | Path) -> None:
         if base.get(key) != other.get(key):
             raise CompareError(f"the runs differ in {key} ({base.get(key)!r} vs {other.get(key)!r}): a saving is "
                                "measured against the baseline of the same experiment and seed")
+    return other.get("kind") or "vcycle"  # the compared run's method
 
 
 def compare_runs(baseline_dir: str | Path, vcycle_dir: str | Path) -> dict:
-    check_comparable(baseline_dir, vcycle_dir)
+    method = check_comparable(baseline_dir, vcycle_dir)
     base, vc = read_metrics(baseline_dir), read_metrics(vcycle_dir)
     base_evals = _evals(base)
     if not base_evals:
@@ -68,7 +69,7 @@ def compare_runs(baseline_dir: str | Path, vcycle_dir: str | Path) -> dict:
     b, v = reach(base, target), reach(vc, target, final_phase)
     vc_last = _evals(vc, final_phase)[-1]
     out = {
-        "target_val_loss": target,
+        "method": method, "target_val_loss": target,
         "baseline_flops": b["flops"], "baseline_wall": b["wall"], "baseline_total_flops": base_evals[-1]["flops"],
         "vcycle_final_val_loss": vc_last["val_loss"],
         "vcycle_total_flops": vc_last["flops"], "vcycle_total_wall": vc_last["wall"],
@@ -89,16 +90,17 @@ def compare_runs(baseline_dir: str | Path, vcycle_dir: str | Path) -> dict:
 
 
 def format_comparison(c: dict) -> str:
+    name = {"vcycle": "V-cycle", "small": "small model alone"}.get(c.get("method", "vcycle"), c.get("method"))
     lines = [f"target (baseline final val loss): {c['target_val_loss']:.4f}",
              f"baseline: {c['baseline_flops']:.3e} FLOPs, {c['baseline_wall']:.1f} s"]
     if c["reached"]:
-        lines += [f"V-cycle reached it at {c['vcycle_flops']:.3e} FLOPs, {c['vcycle_wall']:.1f} s",
+        lines += [f"{name} reached it at {c['vcycle_flops']:.3e} FLOPs, {c['vcycle_wall']:.1f} s",
                   f"saving: {c['flops_saving_pct']:.1f}% FLOPs, {c['wall_saving_pct']:.1f}% wall time"]
     else:
-        lines += [f"V-cycle did NOT reach it: final val loss {c['vcycle_final_val_loss']:.4f} after "
+        lines += [f"{name} did NOT reach it: final val loss {c['vcycle_final_val_loss']:.4f} after "
                   f"{c['vcycle_total_flops']:.3e} FLOPs ({c['vcycle_total_wall']:.1f} s)"]
     if "baseline_final_val_acc" in c:
-        lines.append(f"val accuracy: baseline {c['baseline_final_val_acc']:.4f}, V-cycle {c['vcycle_final_val_acc']:.4f}"
+        lines.append(f"val accuracy: baseline {c['baseline_final_val_acc']:.4f}, {name} {c['vcycle_final_val_acc']:.4f}"
                      + (f"; reached at {c['acc_flops_saving_pct']:.1f}% FLOPs saving" if c["reached_acc"] else
-                        "; V-cycle did NOT reach the baseline's final accuracy"))
+                        f"; {name} did NOT reach the baseline's final accuracy"))
     return "\n".join(lines)

@@ -33,28 +33,17 @@ def train_flops_per_example(model: nn.Module, seq_len: int | None = None) -> flo
 
 
 def planned_ledger(cfg) -> dict:
-    """FLOPs a config plans to spend, per phase, from models built on the meta device."""
-    import torch
+    """FLOPs the config plans to spend: the baseline's and, with a vcycle section, the V-cycle's per
+    phase; read off the methods' plans (:func:`mlresearch.training.methods.planned_ledger`)."""
+    from .methods import planned_ledger as method_ledger
 
-    from ..families import FAMILIES
-    from .models import level_sizes, model_options, model_sizes
-
-    vocab = 50257 if cfg.data.tokenizer == "gpt2" else cfg.data.vocab_size
-    family = FAMILIES[cfg.model.family]
-    seq = None if cfg.task == "image_cls" else cfg.data.seq_len
-    sizes = level_sizes(cfg) if cfg.vcycle else [model_sizes(cfg)]
-    per_example = []
-    for s in sizes:
-        with torch.device("meta"), family.skip_init():
-            per_example.append(train_flops_per_example(family.new(s, **model_options(cfg, vocab)), seq))
-    b = cfg.train.batch_size
-    out = {"per_example": per_example, "baseline": cfg.train.steps * b * per_example[0]}
+    base = method_ledger(cfg, "baseline")
+    out = {"per_example": [base["phases"][0]["flops"] / base["phases"][0]["examples"]], "baseline": base["flops"]}
     if cfg.vcycle:
-        v, K = cfg.vcycle, cfg.vcycle.levels
-        phases = {f"down{k}": v.down_steps[k - 1] * b * per_example[k - 1] for k in range(1, K)}
-        phases["small"] = v.small_steps * b * per_example[K - 1]
-        phases.update({f"up{k}": v.up_steps[K - 1 - k] * b * per_example[k - 1] for k in range(K - 1, 0, -1)})
-        out["vcycle_phases"] = phases
-        out["vcycle"] = sum(phases.values())
+        vc = method_ledger(cfg, "vcycle")
+        per_level = {p["level"]: p["flops"] / p["examples"] for p in vc["phases"]}
+        out["per_example"] = [per_level.get(k, 0.0) for k in range(1, cfg.vcycle.levels + 1)]
+        out["vcycle_phases"] = {p["phase"]: p["flops"] for p in vc["phases"]}
+        out["vcycle"] = vc["flops"]
         out["planned_saving_pct"] = 100 * (1 - out["vcycle"] / out["baseline"])
     return out

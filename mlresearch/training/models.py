@@ -50,12 +50,14 @@ def check_model_fits_data(cfg: RunConfig, data) -> None:
 
 
 def build_model(cfg: RunConfig, vocab_size: int | None = 8192, special: dict | None = None,
-                device: str | torch.device | None = None) -> nn.Module:
+                device: str | torch.device | None = None, level: int = 1) -> nn.Module:
+    """A randomly initialised model of the config's size (``level`` k > 1: the V-cycle's level-k size)."""
     family = FAMILIES[cfg.model.family]
+    sizes = model_sizes(cfg) if level == 1 else level_sizes(cfg)[level - 1]
     if device is not None:
         with torch.device(device):
-            return family.new(model_sizes(cfg), **model_options(cfg, vocab_size, special))
-    return family.new(model_sizes(cfg), **model_options(cfg, vocab_size, special))
+            return family.new(sizes, **model_options(cfg, vocab_size, special))
+    return family.new(sizes, **model_options(cfg, vocab_size, special))
 
 
 def scheme_for(cfg: RunConfig, model: nn.Module | None = None, sizes: Sizes | None = None,

@@ -1,15 +1,5 @@
-"""Baseline and V-cycle runs: phases, operators and the FLOPs ledger, one results directory each.
-
-V-cycle with K levels (Zou et al., A.5.2):
-
-    for k = 1 .. K-1:  train M_k for down_steps[k]; keep M_k as partner_k; M_{k+1} = coalesce(M_k)
-    train M_K for small_steps
-    for k = K-1 .. 1:  M_k = interpolate(partner_k, decoalesce(M_{k+1}), alpha); train M_k for up_steps
-
-The interpolation partner of level k is M_k *as it was right before coalescing* (the reference
-GPT-2 script used the fully trained baseline instead, a bug we do not reproduce). With
-``optimizer: carry`` Adam's moments go down and up with the model (mapped like gradients,
-:mod:`mlresearch.operators.growth`); with ``reset`` every phase starts a fresh AdamW (the paper).
+"""Runs: one run directory per method and config, a plan (:mod:`mlresearch.training.methods`:
+baseline, small-model control, V-cycle, ...) executed over it with the FLOPs ledger.
 
 Every run writes ``<out>/config.yaml``, ``provenance.json``, ``metrics.jsonl`` (training rows,
 operator and phase-end events), ``summary.json`` and ``checkpoints/`` (not committed).
@@ -17,7 +7,6 @@ operator and phase-end events), ``summary.json`` and ``checkpoints/`` (not commi
 
 from __future__ import annotations
 
-import copy
 import fcntl
 import json
 import os
@@ -35,12 +24,12 @@ from ..checkpoint import atomic_write_text, load_model, load_state, recover_tree
 from ..errors import MLResearchError
 from ..faults import fault_point
 from ..data.datasets import load_data
-from ..operators import coalesce, coalesce_state, decoalesce, decoalesce_state, interpolate
 from ..results import provenance, write_json
 from .config import ConfigError, RunConfig, default_value
 from .engine import (Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, set_rng_state,
                      train_phase)
-from .models import build_model, check_model_fits_data, data_settings, scheme_for
+from .methods import build_plan, execute
+from .models import build_model, check_model_fits_data, data_settings
 
 
 def runs_root(root: str | Path | None = None) -> Path:
@@ -59,12 +48,14 @@ def _name_part(text: str) -> str:
 
 def default_out(cfg: RunConfig, kind: str, root: str | Path | None = None) -> Path:
     """``<root>/<experiment>/<run name>``; the name can never leave the root."""
+    v = cfg.vcycle
     if kind == "baseline":
         name = f"baseline-seed{cfg.seed}"
-    else:
-        v = cfg.vcycle
+    elif kind == "vcycle":
         tag = f"-{v.tag}" if v.tag else ""
         name = f"vcycle-L{v.levels}-{_name_part(v.scheme)}-a{v.alpha}-{v.optimizer}{tag}-seed{cfg.seed}"
+    else:  # a method whose run depends on the V-cycle's shapes (the small-model control, say)
+        name = f"{kind}-L{v.levels}-{_name_part(v.scheme)}-seed{cfg.seed}" if v else f"{kind}-seed{cfg.seed}"
     base = runs_root(root)
     out = base / cfg.experiment / name
     if not out.resolve().is_relative_to(base.resolve()) or len(out.relative_to(base).parts) != 2:
@@ -192,9 +183,9 @@ class Run:
             self._lock.close()  # releases the flock
             self._lock = None
 
-    def new_model(self):
+    def new_model(self, level: int = 1):
         torch.manual_seed(self.cfg.seed)
-        return build_model(self.cfg, self.data.vocab_size or None, self.data.special)
+        return build_model(self.cfg, self.data.vocab_size or None, self.data.special, level=level)
 
     def train(self, model, optimizer, phase: Phase):
         start = dict(flops=self.ledger.flops, wall=self.ledger.wall, examples=self.ledger.examples)
@@ -205,10 +196,8 @@ class Run:
                 setattr(self.ledger, k, v)
             trained = load_model(self.ckpt / phase.name / "model")
             trained.train()
-            opt = None
-            if optimizer is not None or self.cfg.vcycle is None or self.cfg.vcycle.optimizer == "carry":
-                opt = new_optimizer(trained, self.cfg, phase.lr)
-                opt.load_state_dict(state["optimizer"])
+            opt = new_optimizer(trained, self.cfg, phase.lr)  # the next transition keeps or drops it
+            opt.load_state_dict(state["optimizer"])
             self.log.resume_at(state["log_rows"])
             model, optimizer = trained, opt
         else:
@@ -254,71 +243,20 @@ class Run:
         return summary
 
 
+def run_method(cfg: RunConfig, method: str, out: Path | None = None, resume: bool = False,
+               overwrite: bool = False, root: str | Path | None = None) -> dict:
+    """Build ``method``'s plan (a config error if it cannot be built) and execute it in one run directory."""
+    plan = build_plan(cfg, method)  # before anything is written
+    with Run(cfg, out or default_out(cfg, method, root), resume, overwrite, method) as run:
+        return run.finish(execute(run, plan), method)
+
+
 def run_baseline(cfg: RunConfig, out: Path | None = None, resume: bool = False, overwrite: bool = False) -> dict:
-    with Run(cfg, out or default_out(cfg, "baseline"), resume, overwrite, "baseline") as run:
-        t = cfg.train
-        model, _ = run.train(run.new_model(), None, Phase("baseline", 1, t.steps, t.lr, t.warmup))
-        return run.finish(model, "baseline")
+    return run_method(cfg, "baseline", out, resume, overwrite)
 
 
 def run_vcycle(cfg: RunConfig, out: Path | None = None, resume: bool = False, overwrite: bool = False) -> dict:
-    if cfg.vcycle is None:
-        raise ValueError("the config has no vcycle section")
-    with Run(cfg, out or default_out(cfg, "vcycle"), resume, overwrite, "vcycle") as run:
-        return _vcycle(run)
-
-
-def _vcycle(run: Run) -> dict:
-    cfg = run.cfg
-    v, t = cfg.vcycle, cfg.train
-    K = v.levels
-    lrs = v.lr or [t.lr] * K
-    carry = v.optimizer == "carry"
-    alpha = v.alpha
-    adaptive = {"adaptive": "tensor", "adaptive-row": "row"}.get(alpha, False) if isinstance(alpha, str) else False
-
-    model, optimizer = run.new_model(), None
-    partners, schemes = {}, {}
-    for k in range(1, K):  # down
-        warm = v.down_warmup[k - 1] if v.down_warmup else v.down_steps[k - 1]
-        if v.down_steps[k - 1] > 0:
-            model, optimizer = run.train(model, optimizer, Phase(f"down{k}", k, v.down_steps[k - 1], lrs[k - 1], warm))
-        partners[k] = copy.deepcopy(model)  # M_k right before coalescing
-        if run.accelerator.is_main_process:
-            save_model(partners[k], run.ckpt / f"partner{k}", overwrite=True)
-        if v.scheme == "similarity":  # measured on fixed validation batches
-            schemes[k] = scheme_for(cfg, model, batches=run.probe_batches())
-            run.log.write({"event": "scheme", "level": k, **schemes[k].to_dict()})
-        else:
-            schemes[k] = scheme_for(cfg, model)
-        if carry and optimizer is not None:
-            model, optimizer = run.operator("coalesce", k, lambda: coalesce_state(model, optimizer, schemes[k]))
-        else:
-            model, optimizer = run.operator("coalesce", k, lambda: coalesce(model, schemes[k])), None
-    model.train()
-    model, optimizer = run.train(model, optimizer if carry else None, Phase("small", K, v.small_steps, lrs[K - 1], v.small_warmup))
-    for k in range(K - 1, 0, -1):  # up
-        if carry and optimizer is not None:
-            big, optimizer = run.operator("decoalesce", k, lambda: decoalesce_state(model, optimizer, schemes[k]))
-        else:
-            big, optimizer = run.operator("decoalesce", k, lambda: decoalesce(model, schemes[k])), None
-        merged = run.operator("interpolate", k, lambda: interpolate(
-            partners[k], big, alpha=None if adaptive else float(alpha), adaptive=adaptive))
-        run.log.write({"event": "interpolated", "level": k,  # what each ingredient scores on validation
-                       "partner_val_loss": evaluate(partners[k], run.data, cfg)["val_loss"],
-                       "decoalesced_val_loss": evaluate(big, run.data, cfg)["val_loss"],
-                       "merged_val_loss": evaluate(merged, run.data, cfg)["val_loss"]})
-        if optimizer is not None:  # carried moments belong to `big`; move them onto `merged` by name
-            optimizer = _rebind(optimizer, big, merged)
-        merged.train()
-        if run.accelerator.is_main_process:
-            save_model(merged, run.ckpt / f"merged{k}", overwrite=True)
-        idx = K - 1 - k
-        warm = v.up_warmup[idx] if v.up_warmup else 0
-        model, optimizer = run.train(merged, optimizer, Phase(f"up{k}", k, v.up_steps[idx], lrs[k - 1], warm))
-        if not carry:
-            optimizer = None
-    return run.finish(model, "vcycle")
+    return run_method(cfg, "vcycle", out, resume, overwrite)
 
 
 def _lock(out: Path):
@@ -337,15 +275,3 @@ def _lock(out: Path):
     f.write(f"process {os.getpid()}\n")
     f.flush()
     return f
-
-
-def _rebind(optimizer, old_model, new_model):
-    """The same optimizer (groups, state) over ``new_model``'s parameters of the same names."""
-    by_name = dict(new_model.named_parameters())
-    name_of = {id(p): n for n, p in old_model.named_parameters()}
-    groups = [dict(g, params=[by_name[name_of[id(p)]] for p in g["params"]]) for g in optimizer.param_groups]
-    new = type(optimizer)(groups)
-    for p in old_model.parameters():
-        if p in optimizer.state:
-            new.state[by_name[name_of[id(p)]]] = optimizer.state[p]
-    return new

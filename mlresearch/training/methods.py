@@ -1,0 +1,299 @@
+"""Methods as plans: a method is a function from the config to a plan, an ordered list of training
+phases and named transitions; one runner (:func:`execute`) carries one state through any plan.
+
+A transition is a plain function ``fn(run, state, step)`` registered by name in
+:data:`TRANSITIONS`; a method is a plain function ``fn(cfg) -> plan`` registered in
+:data:`METHODS`. Adding either is one function and one decorator. The planned FLOPs
+(:func:`planned_ledger`, ``mlresearch run --plan``) are read off the same plan the runner executes,
+and every phase's ledger entry equals its planned FLOPs (a test checks it).
+
+Resume needs nothing of its own: the runner replays the plan from the start, loading every phase
+that its checkpoint says is done, and transitions are deterministic functions of the state, so
+what they rebuild (partners, schemes, merged models) is what the killed run had.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ..operators import coalesce, coalesce_state, decoalesce, decoalesce_state, interpolate
+from .config import ConfigError, RunConfig
+
+
+@dataclass(frozen=True)
+class Train:
+    """Train the current model for ``steps`` (warm-up then decay) at peak ``lr``."""
+
+    name: str
+    level: int
+    steps: int
+    lr: float
+    warmup: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """A transition: the registered function ``op`` applied at ``level`` with ``options``."""
+
+    op: str
+    level: int
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def option(self, key: str, default: Any = None) -> Any:
+        return dict(self.options).get(key, default)
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{k} {v}" for k, v in self.options)
+        return f"{self.op.replace('_', ' ')} (level {self.level}{'; ' + shown if shown else ''})"
+
+
+Plan = list  # of Train | Step
+
+
+@dataclass
+class State:
+    """What a plan carries from item to item."""
+
+    model: torch.nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    partners: dict[int, torch.nn.Module] = field(default_factory=dict)  # M_k right before coalescing
+    schemes: dict[int, Any] = field(default_factory=dict)  # the scheme that coalesced level k
+
+
+TRANSITIONS: dict[str, Callable] = {}
+METHODS: dict[str, Callable[[RunConfig], Plan]] = {}
+
+
+def transition(name: str):
+    def register(fn):
+        TRANSITIONS[name] = fn
+        return fn
+    return register
+
+
+def method(name: str):
+    def register(fn):
+        METHODS[name] = fn
+        return fn
+    return register
+
+
+def build_plan(cfg: RunConfig, name: str) -> Plan:
+    """The plan of method ``name`` for ``cfg``; unknown methods and transitions are config errors."""
+    if name not in METHODS:
+        raise ConfigError(f"unknown method {name!r}; known: {sorted(METHODS)}")
+    plan = METHODS[name](cfg)
+    unknown = sorted({item.op for item in plan if isinstance(item, Step) and item.op not in TRANSITIONS})
+    if unknown:
+        raise ConfigError(f"method {name!r} plans unknown transition(s) {unknown}; known: {sorted(TRANSITIONS)}")
+    return plan
+
+
+def execute(run, plan: Plan) -> torch.nn.Module:
+    """Run ``plan`` over one state: phases through ``run.train``, transitions through the registry."""
+    from .engine import Phase
+
+    state = State()
+    for item in plan:
+        if isinstance(item, Train):
+            state.model, state.optimizer = run.train(state.model, state.optimizer,
+                                                     Phase(item.name, item.level, item.steps, item.lr, item.warmup))
+        else:
+            TRANSITIONS[item.op](run, state, item)
+    return state.model
+
+
+# ----------------------------------------------------------------------------- transitions
+@transition("new_model")
+def new_model(run, state: State, step: Step) -> None:
+    """A freshly initialised model of level ``step.level``'s size (level 1: the config's)."""
+    state.model, state.optimizer = run.new_model(step.level), None
+
+
+@transition("keep_partner")
+def keep_partner(run, state: State, step: Step) -> None:
+    """Keep M_k as it is now: the interpolation partner when the cycle comes back up."""
+    from ..checkpoint import save_model
+
+    state.partners[step.level] = copy.deepcopy(state.model)
+    if run.accelerator.is_main_process:
+        save_model(state.partners[step.level], run.ckpt / f"partner{step.level}", overwrite=True)
+
+
+@transition("choose_scheme")
+def choose_scheme(run, state: State, step: Step) -> None:
+    """The scheme that coalesces this level (measured on fixed validation batches for ``similarity``)."""
+    from .models import scheme_for
+
+    if run.cfg.vcycle.scheme == "similarity":
+        state.schemes[step.level] = scheme_for(run.cfg, state.model, batches=run.probe_batches())
+        run.log.write({"event": "scheme", "level": step.level, **state.schemes[step.level].to_dict()})
+    else:
+        state.schemes[step.level] = scheme_for(run.cfg, state.model)
+
+
+def _map(run, state: State, step: Step, name: str, plain, with_optimizer) -> None:
+    """Apply ``plain(model, scheme)``, or with ``carry`` ``with_optimizer(model, optimizer, scheme)``
+    (Adam's moments mapped along); without ``carry`` the optimizer is dropped (a fresh one follows)."""
+    scheme = state.schemes[step.level]
+    if step.option("carry") and state.optimizer is not None:
+        state.model, state.optimizer = run.operator(
+            name, step.level, lambda: with_optimizer(state.model, state.optimizer, scheme))
+    else:
+        state.model, state.optimizer = run.operator(name, step.level, lambda: plain(state.model, scheme)), None
+    state.model.train()
+
+
+@transition("coalesce")
+def coalesce_step(run, state: State, step: Step) -> None:
+    """Coalesce with the level's scheme."""
+    _map(run, state, step, "coalesce", coalesce, coalesce_state)
+
+
+@transition("decoalesce")
+def decoalesce_step(run, state: State, step: Step) -> None:
+    """De-coalesce with the level's scheme."""
+    _map(run, state, step, "decoalesce", decoalesce, decoalesce_state)
+
+
+@transition("merge")
+def merge(run, state: State, step: Step) -> None:
+    """Interpolate the partner with the de-coalesced model: ``(1-alpha) partner + alpha model``, or
+    adaptive (norms matched, then 0.5/0.5); logs what each ingredient scores on validation."""
+    from ..checkpoint import save_model
+    from .engine import evaluate
+
+    alpha, cfg, k = step.option("alpha"), run.cfg, step.level
+    adaptive = {"adaptive": "tensor", "adaptive-row": "row"}.get(alpha, False) if isinstance(alpha, str) else False
+    big, partner = state.model, state.partners[k]
+    merged = run.operator("interpolate", k, lambda: interpolate(
+        partner, big, alpha=None if adaptive else float(alpha), adaptive=adaptive))
+    run.log.write({"event": "interpolated", "level": k,
+                   "partner_val_loss": evaluate(partner, run.data, cfg)["val_loss"],
+                   "decoalesced_val_loss": evaluate(big, run.data, cfg)["val_loss"],
+                   "merged_val_loss": evaluate(merged, run.data, cfg)["val_loss"]})
+    if state.optimizer is not None:  # carried moments belong to `big`; move them onto `merged` by name
+        state.optimizer = _rebind(state.optimizer, big, merged)
+    merged.train()
+    if run.accelerator.is_main_process:
+        save_model(merged, run.ckpt / f"merged{k}", overwrite=True)
+    state.model = merged
+
+
+def _rebind(optimizer, old_model, new_model):
+    """The same optimizer (groups, state) over ``new_model``'s parameters of the same names."""
+    by_name = dict(new_model.named_parameters())
+    name_of = {id(p): n for n, p in old_model.named_parameters()}
+    groups = [dict(g, params=[by_name[name_of[id(p)]] for p in g["params"]]) for g in optimizer.param_groups]
+    new = type(optimizer)(groups)
+    for p in old_model.parameters():
+        if p in optimizer.state:
+            new.state[by_name[name_of[id(p)]]] = optimizer.state[p]
+    return new
+
+
+# ----------------------------------------------------------------------------- methods
+@method("baseline")
+def baseline(cfg: RunConfig) -> Plan:
+    """The full model from scratch for the config's budget."""
+    t = cfg.train
+    return [Step("new_model", 1), Train("baseline", 1, t.steps, t.lr, t.warmup)]
+
+
+def _needs_vcycle(cfg: RunConfig, name: str) -> None:
+    if cfg.vcycle is None:
+        raise ConfigError(f"method {name!r} needs the config's vcycle section (levels, scheme, budgets)")
+
+
+@method("small")
+def small(cfg: RunConfig) -> Plan:
+    """The control every growth method must beat: the coalesced shape (the V-cycle's smallest level)
+    trained from scratch with the same data, steps and batch as the baseline, at the smallest
+    level's learning rate."""
+    _needs_vcycle(cfg, "small")
+    v, t, K = cfg.vcycle, cfg.train, cfg.vcycle.levels
+    lr = v.lr[K - 1] if v.lr else t.lr
+    return [Step("new_model", K), Train("small", K, t.steps, lr, t.warmup)]
+
+
+@method("vcycle")
+def vcycle(cfg: RunConfig) -> Plan:
+    """The multi-level V-cycle (Zou et al., A.5.2) with K levels::
+
+        for k = 1 .. K-1:  train M_k (E_a); keep M_k as partner_k; M_{k+1} = coalesce(M_k)
+        train M_K
+        for k = K-1 .. 1:  M_k = interpolate(partner_k, decoalesce(M_{k+1}), alpha); train M_k
+
+    The partner of level k is M_k right before it was coalesced (the reference GPT-2 script used
+    the fully trained baseline, a bug not reproduced here). ``optimizer: carry`` maps Adam's
+    moments down and up; ``reset`` starts each phase with a fresh AdamW (the paper).
+    """
+    _needs_vcycle(cfg, "vcycle")
+    v, t, K = cfg.vcycle, cfg.train, cfg.vcycle.levels
+    lrs = v.lr or [t.lr] * K
+    carry = (("carry", v.optimizer == "carry"),)
+    plan: Plan = [Step("new_model", 1)]
+    for k in range(1, K):
+        if v.down_steps[k - 1] > 0:
+            warm = v.down_warmup[k - 1] if v.down_warmup else v.down_steps[k - 1]
+            plan.append(Train(f"down{k}", k, v.down_steps[k - 1], lrs[k - 1], warm))
+        plan += [Step("keep_partner", k), Step("choose_scheme", k), Step("coalesce", k, carry)]
+    plan.append(Train("small", K, v.small_steps, lrs[K - 1], v.small_warmup))
+    for k in range(K - 1, 0, -1):
+        i = K - 1 - k
+        plan += [Step("decoalesce", k, carry), Step("merge", k, (("alpha", v.alpha),)),
+                 Train(f"up{k}", k, v.up_steps[i], lrs[k - 1], v.up_warmup[i] if v.up_warmup else 0)]
+    return plan
+
+
+# ----------------------------------------------------------------------------- planned FLOPs
+def planned_ledger(cfg: RunConfig, name: str) -> dict:
+    """The FLOPs, examples and tokens each phase of method ``name`` plans to spend (models built on
+    the meta device), from the plan the runner executes."""
+    from ..families import FAMILIES
+    from .flops import train_flops_per_example
+    from .models import level_sizes, model_options, model_sizes
+
+    plan = build_plan(cfg, name)
+    vocab = 50257 if cfg.data.tokenizer == "gpt2" else cfg.data.vocab_size
+    family = FAMILIES[cfg.model.family]
+    seq = None if cfg.task == "image_cls" else cfg.data.seq_len
+    sizes = level_sizes(cfg) if cfg.vcycle else [model_sizes(cfg)]
+    models: dict[int, torch.nn.Module] = {}
+    for level in sorted({item.level for item in plan if isinstance(item, Train)}):
+        with torch.device("meta"), family.skip_init():
+            models[level] = family.new(sizes[level - 1], **model_options(cfg, vocab))
+    b = cfg.train.batch_size
+    phases = []
+    for item in plan:
+        if isinstance(item, Train):
+            model = models[item.level]
+            phases.append({"phase": item.name, "level": item.level, "steps": item.steps,
+                           "examples": item.steps * b, "tokens": item.steps * b * (seq or 1),
+                           "flops": item.steps * b * train_flops_per_example(model, seq),
+                           "params": sum(p.numel() for p in model.parameters()), "sizes": sizes[item.level - 1]})
+    return {"method": name, "plan": plan, "phases": phases, "flops": sum(p["flops"] for p in phases)}
+
+
+def format_plan(cfg: RunConfig, name: str) -> str:
+    """What ``mlresearch run CONFIG --method NAME --plan`` prints."""
+    ledger = planned_ledger(cfg, name)
+    base = planned_ledger(cfg, "baseline")["flops"]
+    phases = iter(ledger["phases"])
+    lines = [f"plan of {name} for {cfg.experiment} (seed {cfg.seed}), {cfg.train.batch_size} examples per step",
+             f"{'':3}{'item':34} {'model':28} {'steps':>7} {'tokens':>14} {'FLOPs':>10}"]
+    for i, item in enumerate(ledger["plan"], 1):
+        if isinstance(item, Train):
+            p = next(phases)
+            s = p["sizes"]
+            model = f"{s.layers}L/{s.hidden}d/{s.heads}h, {p['params'] / 1e6:.2f}M"
+            lines.append(f"{i:<3}{'train ' + item.name + f' (level {item.level})':34} {model:28} {p['steps']:>7,} "
+                         f"{p['tokens']:>14,} {p['flops']:>10.3e}")
+        else:
+            lines.append(f"{i:<3}{item.describe()}")
+    lines.append(f"total: {ledger['flops']:.3e} FLOPs = {ledger['flops'] / base:.3f} x the baseline's {base:.3e}")
+    return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""Methods as plans: every method runs end to end, its ledger equals its plan, and a new method or a
+bad plan needs no change to the runner."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import smoke
+
+from mlresearch.checkpoint import load_model
+from mlresearch.families import family_of
+from mlresearch.training import methods
+from mlresearch.training.config import ConfigError
+from mlresearch.training.engine import read_metrics
+from mlresearch.training.methods import METHODS, Step, Train, build_plan, planned_ledger
+from mlresearch.training.models import level_sizes
+from mlresearch.training.vcycle import run_method
+
+pytestmark = pytest.mark.usefixtures("isolated_data_cache")
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_runs_and_spends_exactly_its_plan(tmp_path, method):
+    cfg = smoke("gpt2")
+    summary = run_method(cfg, method, tmp_path / method)
+    rows = read_metrics(tmp_path / method)
+    ends = [r for r in rows if r.get("event") == "phase_end"]
+    planned = planned_ledger(cfg, method)["phases"]
+    assert [(r["phase"], r["steps"]) for r in ends] == [(p["phase"], p["steps"]) for p in planned]
+    for r, p in zip(ends, planned):
+        assert r["flops"] == p["flops"] and r["examples"] == p["examples"]
+    assert summary["flops_total"] == planned_ledger(cfg, method)["flops"] and summary["kind"] == method
+
+
+def test_the_small_control_is_the_smallest_level_trained_for_the_baselines_steps(tmp_path):
+    cfg = smoke("gpt2", "model.layers=4", "vcycle.levels=3", "vcycle.down_steps=[2, 2]", "vcycle.up_steps=[2, 6]",
+                "vcycle.lr=null")
+    run_method(cfg, "small", tmp_path / "small")
+    model = load_model(tmp_path / "small" / "checkpoints" / "small" / "model")
+    assert family_of(model).sizes(model) == level_sizes(cfg)[2]
+    rows = [r for r in read_metrics(tmp_path / "small") if "train_loss" in r]
+    assert rows[-1]["step"] == cfg.train.steps and rows[-1]["examples"] == cfg.train.steps * cfg.train.batch_size
+
+
+def test_a_new_method_is_one_function_and_a_registry_entry(tmp_path, monkeypatch):
+    @methods.method("down-and-up")
+    def down_and_up(cfg):  # coalesce after 2 steps, de-coalesce without merging, finish at full size
+        return [Step("new_model", 1), Train("a", 1, 2, cfg.train.lr, 1), Step("choose_scheme", 1),
+                Step("coalesce", 1), Train("b", 2, 2, cfg.train.lr, 1), Step("decoalesce", 1),
+                Train("c", 1, 2, cfg.train.lr, 1)]
+
+    monkeypatch.setitem(METHODS, "down-and-up", down_and_up)
+    summary = run_method(smoke("gpt2"), "down-and-up", tmp_path / "run")
+    assert [p["phase"] for p in summary["phases"]] == ["a", "b", "c"]
+    ops = [(r["op"], r["level"]) for r in read_metrics(tmp_path / "run") if r.get("event") == "operator"]
+    assert ops == [("coalesce", 1), ("decoalesce", 1)]
+
+
+def test_a_plan_with_an_unknown_transition_is_a_config_error(monkeypatch):
+    monkeypatch.setitem(METHODS, "broken", lambda cfg: [Step("new_model", 1), Step("teleport", 1)])
+    with pytest.raises(ConfigError, match=r"unknown transition\(s\) \['teleport'\]"):
+        build_plan(smoke("gpt2"), "broken")
+    with pytest.raises(ConfigError, match="unknown method 'nope'"):
+        build_plan(smoke("gpt2"), "nope")
+    with pytest.raises(ConfigError, match="needs the config's vcycle section"):
+        build_plan(smoke("gpt2", "vcycle=null"), "small")
+
+
+def test_plan_command_prints_every_item_and_the_total(capsys):
+    from mlresearch.cli import main
+
+    config = str(smoke.__globals__["CONFIGS"] / "gpt2_smoke.yaml")
+    assert main(["run", config, "--method", "vcycle", "--plan"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    cfg = smoke("gpt2")
+    plan = build_plan(cfg, "vcycle")
+    assert len([line for line in out if line[:3].strip().isdigit()]) == len(plan)
+    total = planned_ledger(cfg, "vcycle")["flops"]
+    assert out[-1].startswith(f"total: {total:.3e} FLOPs")
+    trained = [line for line in out if " train " in f" {line[3:]}"]
+    assert [line.split()[2] for line in trained] == ["down1", "small", "up1"]
