@@ -8,6 +8,7 @@
     mlresearch downstream RUN_DIR... [--skip-done]                       downstream checks of finished runs
     mlresearch similarity --run DIR | --model DIR [--data CONFIG] --metric cka --out DIR
     mlresearch new gpt2 --out DIR --layers 4 --heads 4 --hidden 128 [--set vocab_size=8192]
+    mlresearch plan CONFIG [--gpus N --peak-tflops X --mfu Y]             phases, FLOPs, GPU-hours per method
     mlresearch check MODEL_DIR [--scheme FILE | --factor N]                 which operator promises hold
     mlresearch map coalesce    --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
     mlresearch map decoalesce  --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
@@ -68,6 +69,14 @@ def _cmd_map(args: argparse.Namespace) -> int:
     before, after = family.sizes(model), family.sizes(result)
     print(f"{args.op}: {args.src} -> {args.out} with {what}")
     print(f"  {before} -> {after}; {time.perf_counter() - start:.2f}s")
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .training.config import load_config
+    from .training.methods import format_cost
+
+    print(format_cost(load_config(args.config, args.set), args.gpus, args.peak_tflops, args.mfu))
     return 0
 
 
@@ -276,6 +285,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_cmd_new)
+
+    from .training.methods import H100_BF16_DENSE_TFLOPS
+
+    p = sub.add_parser("plan", help="each method's phases, tokens, FLOPs and estimated GPU-hours, before training")
+    p.add_argument("config")
+    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--peak-tflops", type=float, default=H100_BF16_DENSE_TFLOPS,
+                   help=f"peak TFLOP/s of one GPU (default {H100_BF16_DENSE_TFLOPS:g}: H100 SXM, dense bf16)")
+    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation to assume (default 0.4)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("check", help="run every operator on a saved model and say which promised properties hold")
     p.add_argument("model_dir", help="a model directory (config.json + model.safetensors) of a supported family")

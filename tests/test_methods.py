@@ -78,3 +78,21 @@ def test_plan_command_prints_every_item_and_the_total(capsys):
     assert out[-1].startswith(f"total: {total:.3e} FLOPs")
     trained = [line for line in out if " train " in f" {line[3:]}"]
     assert [line.split()[2] for line in trained] == ["down1", "small", "up1"]
+
+
+def test_cost_plan_prints_gpu_hours_from_the_planned_flops(capsys):
+    from mlresearch.cli import main
+    from mlresearch.training.config import load_config
+
+    config = smoke.__globals__["CONFIGS"] / "gpt2_paper.yaml"
+    assert main(["plan", str(config), "--gpus", "8", "--peak-tflops", "1000", "--mfu", "0.5"]) == 0
+    out = capsys.readouterr().out
+    cfg = load_config(config)
+    base, vc = planned_ledger(cfg, "baseline")["flops"], planned_ledger(cfg, "vcycle")["flops"]
+    hours = base / (1000e12 * 0.5 * 3600)  # GPU-hours, computed here from the FLOPs alone
+    assert f"{base:>10.3e} {hours:>10,.1f}  ({hours / 8:,.1f} h on 8 GPU(s))" in out
+    assert f"vcycle: {100 * (1 - vc / base):.1f}% of the baseline's FLOPs saved" in out
+    assert "small:" in out  # the control is priced too
+    with pytest.raises(ConfigError, match="--mfu"):
+        main.__globals__["_cmd_plan"](type("A", (), {"config": str(config), "set": [], "gpus": 1,
+                                                     "peak_tflops": 1.0, "mfu": 1.5})())

@@ -267,6 +267,7 @@ def planned_ledger(cfg: RunConfig, name: str) -> dict:
     for level in sorted({item.level for item in plan if isinstance(item, Train)}):
         with torch.device("meta"), family.skip_init():
             models[level] = family.new(sizes[level - 1], **model_options(cfg, vocab))
+        family.tie(models[level])  # (skipped initialisation leaves a tied head untied)
     b = cfg.train.batch_size
     phases = []
     for item in plan:
@@ -296,4 +297,48 @@ def format_plan(cfg: RunConfig, name: str) -> str:
         else:
             lines.append(f"{i:<3}{item.describe()}")
     lines.append(f"total: {ledger['flops']:.3e} FLOPs = {ledger['flops'] / base:.3f} x the baseline's {base:.3e}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- cost before a GPU-hour
+H100_BF16_DENSE_TFLOPS = 989.0  # NVIDIA's dense bf16 peak of an H100 SXM (the default --peak-tflops)
+
+
+def format_cost(cfg: RunConfig, gpus: int = 8, peak_tflops: float = H100_BF16_DENSE_TFLOPS, mfu: float = 0.4) -> str:
+    """What ``mlresearch plan CONFIG`` prints: each method the config can plan, its phases with
+    tokens, FLOPs and estimated GPU-hours (FLOPs / (peak x MFU)), beside the baseline, and the saving
+    each method's plan implies if it reaches the baseline's final loss at its own end."""
+    if gpus < 1 or peak_tflops <= 0 or not 0 < mfu <= 1:
+        raise ConfigError(f"--gpus must be >= 1, --peak-tflops > 0 and --mfu in (0, 1]; got {gpus}, {peak_tflops}, {mfu}")
+    per_gpu_hour = peak_tflops * 1e12 * mfu * 3600
+
+    def hours(flops: float) -> float:
+        return flops / per_gpu_hour
+
+    names = ["baseline"] + sorted(n for n in METHODS if n != "baseline")
+    ledgers = {}
+    for name in names:
+        try:
+            ledgers[name] = planned_ledger(cfg, name)
+        except ConfigError:  # a method this config cannot plan (no vcycle section, say)
+            continue
+    base = ledgers["baseline"]["flops"]
+    lines = [f"cost plan for {cfg.experiment}: {gpus} GPU(s) at {peak_tflops:g} TFLOP/s peak, MFU {mfu:g} "
+             f"({gpus * peak_tflops * mfu:g} TFLOP/s sustained); {cfg.train.batch_size} examples per step"]
+    for name, ledger in ledgers.items():
+        lines.append(f"\n{name}:")
+        lines.append(f"  {'phase':12} {'model':26} {'steps':>9} {'tokens':>16} {'FLOPs':>10} {'GPU-hours':>10}")
+        for p in ledger["phases"]:
+            s = p["sizes"]
+            model = f"{s.layers}L/{s.hidden}d/{s.heads}h, {p['params'] / 1e6:.1f}M"
+            lines.append(f"  {p['phase']:12} {model:26} {p['steps']:>9,} {p['tokens']:>16,} {p['flops']:>10.3e} "
+                         f"{hours(p['flops']):>10,.1f}")
+        total = ledger["flops"]
+        lines.append(f"  {'total':12} {'':26} {'':>9} {sum(p['tokens'] for p in ledger['phases']):>16,} "
+                     f"{total:>10.3e} {hours(total):>10,.1f}  ({hours(total) / gpus:,.1f} h on {gpus} GPU(s))")
+    lines.append("\nif a method reaches the baseline's final validation loss at the end of its plan:")
+    for name, ledger in ledgers.items():
+        if name != "baseline":
+            lines.append(f"  {name}: {100 * (1 - ledger['flops'] / base):.1f}% of the baseline's FLOPs saved, "
+                         f"{hours(base) - hours(ledger['flops']):,.1f} GPU-hours")
     return "\n".join(lines)
