@@ -136,8 +136,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(format_plan(cfg, kind))
         return 0
     out = Path(args.out) if args.out else default_out(cfg, kind, args.root)
-    if (out / "summary.json").exists() and not args.overwrite and not args.resume:
-        changed = config_differences(out, cfg, baseline=kind == "baseline")
+    if (out / "summary.json").exists() and not args.overwrite:
+        changed = config_differences(out, cfg, kind)
         if args.skip_done:
             note = f" (WARNING: its config differs in {', '.join(changed)})" if changed else ""
             print(f"{args.command}: {out} is complete (summary.json); skipped{note}")
@@ -148,7 +148,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     base_out = None
     if kind != "baseline" and getattr(args, "baseline", False):
         base_out = default_out(cfg, "baseline", args.root)
-        if (base_out / "summary.json").exists() and not config_differences(base_out, cfg, baseline=True):
+        if (base_out / "summary.json").exists() and not config_differences(base_out, cfg, "baseline"):
             print(f"baseline: reusing {base_out} (finished, same config)")
         else:
             _print_summary(run_baseline(cfg, base_out, resume=base_out.exists()))

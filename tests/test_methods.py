@@ -96,3 +96,41 @@ def test_cost_plan_prints_gpu_hours_from_the_planned_flops(capsys):
     with pytest.raises(ConfigError, match="--mfu"):
         main.__globals__["_cmd_plan"](type("A", (), {"config": str(config), "set": [], "gpus": 1,
                                                      "peak_tflops": 1.0, "mfu": 1.5})())
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_staged_training_grows_with_its_state_and_restarts_the_schedule(tmp_path, name):
+    from mlresearch.checkpoint import load_state
+    from mlresearch.training.models import staged_schedule, staged_sizes
+
+    cfg = smoke(name)  # gpt2: width once; llama: depth, then width
+    run_method(cfg, "staged", tmp_path / "st")
+    rows = read_metrics(tmp_path / "st")
+    grown = [r for r in rows if r.get("event") == "grown"]
+    assert [g["op"] for g in grown] == [f"grow_{g}" for g in cfg.staged.grow]
+    for g in grown:  # pre-norm models: growth keeps the loss
+        assert abs(g["val_loss_after"] - g["val_loss_before"]) <= 1e-5
+    schedule, sizes = staged_schedule(cfg), staged_sizes(cfg)
+    t, w = cfg.train, cfg.staged.rewarmup
+    for i, (start, steps) in enumerate(schedule):
+        ck = tmp_path / "st" / "checkpoints" / f"stage{i}"
+        model = load_model(ck / "model")
+        assert family_of(model).sizes(model) == sizes[i]
+        # Adam's step counter runs on through the growths: every stage's steps so far.
+        state = load_state(ck)["optimizer"]["state"]
+        assert int(next(iter(state.values()))["step"]) == sum(s for _, s in schedule[:i + 1])
+        if i:  # first step after a growth: re-warm-up from 0 toward the base schedule at S_r + W_r
+            first = next(r for r in rows if r.get("phase") == f"stage{i}" and "lr" in r)
+            base = 1 - (start + w - t.warmup) / (t.steps - t.warmup)  # linear decay, past the warm-up
+            assert first["lr"] == pytest.approx(t.lr * (1 / w) * base)
+    last = [r for r in rows if r.get("phase") == f"stage{len(schedule) - 1}" and "lr" in r][-1]
+    assert last["step"] == t.steps - schedule[-1][0] and last["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_staged_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="staged.steps needs one entry per growth"):
+        smoke("gpt2", "staged.steps=[2, 2]")
+    with pytest.raises(ConfigError, match="even number of layers"):
+        smoke("gpt2", "model.layers=3", "vcycle=null", "staged.grow=[depth]", "staged.steps=[2]")
+    with pytest.raises(ConfigError, match="re-enter the schedule at step"):
+        smoke("gpt2", "staged.steps=[40]")

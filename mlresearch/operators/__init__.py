@@ -3,10 +3,12 @@
 from .growth import (
     NotLossPreservingWarning,
     coalesce_state,
+    decoalesce_preserving,
     decoalesce_state,
     depth_growth,
     grow_depth,
     grow_width,
+    stack_layers,
     width_growth,
 )
 from .interpolation import interpolate
@@ -21,6 +23,7 @@ __all__ = [
     "UnsupportedOptimizerError",
     "coalesce",
     "coalesce_state",
+    "decoalesce_preserving",
     "decoalesce",
     "decoalesce_state",
     "depth_growth",
@@ -31,5 +34,6 @@ __all__ = [
     "map_optimizer",
     "plan_transfer",
     "step_multipliers",
+    "stack_layers",
     "width_growth",
 ]

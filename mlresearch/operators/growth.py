@@ -115,3 +115,27 @@ def coalesce_state(model: nn.Module, optimizer: Optimizer, scheme: Scheme):
     """Coalesce ``model`` and carry ``optimizer`` down: the exact inverse of :func:`decoalesce_state`
     on the moments (mean of the copies, divided by the gradient factor)."""
     return _apply(plan_transfer(model, scheme, down=True), model, optimizer, False)
+
+
+def decoalesce_preserving(model: nn.Module, optimizer: Optimizer | None, scheme: Scheme):
+    """De-coalesce so that the result computes what ``model`` computes (pre-norm families): width is
+    de-coalesced as usual (exact), and in depth each small layer goes to the first layer of its group
+    while the group's other layers start as identity blocks (zero residual writers, zero moments)
+    instead of copies. Post-norm blocks (BERT) re-normalise even a zero update, so there only the
+    width part is exact. Returns ``(new_model, new_optimizer)`` (the optimizer may be None)."""
+    if scheme.width is not None:
+        width = Scheme(width=scheme.width, kv_heads=scheme.kv_heads, ffn=scheme.ffn)
+        model, optimizer = _apply(plan_transfer(model, width, down=False), model, optimizer, False)
+    if scheme.depth is not None:
+        new_layers = frozenset(i for group in scheme.depth for i in group[1:])
+        transfer = plan_transfer(model, Scheme(depth=scheme.depth), down=False, identity_layers=new_layers)
+        model, optimizer = _apply(transfer, model, optimizer, False)
+    return model, optimizer
+
+
+def stack_layers(model: nn.Module, factor: int):
+    """G_stack (Du et al. 2024): the whole layer stack copied ``factor`` times (layer i of the result
+    is layer i mod L of ``model``). Not function-preserving; the optimizer starts afresh."""
+    layers = family_of(model).sizes(model).layers
+    scheme = Scheme.uniform(layers=layers * factor, width_factor=None, depth_factor=factor, depth="stack")
+    return plan_transfer(model, scheme, down=False).build(model)

@@ -85,6 +85,35 @@ class VCycleConfig:
     small_warmup: int = 0
     up_warmup: list | None = None
     tag: str = ""  # names a budget/LR variant: the run directory gets "-<tag>" (tuning runs)
+    up_path: str = "copy"  # copy: depth de-coalescing copies layers (the paper); identity: new layers start as identity
+    tie_break: float = 0.0  # noise (x each tensor's std) added to the de-coalesced model, to break duplicate units
+
+
+@dataclass
+class StackConfig:
+    """G_stack (Du et al. 2024): the config's model with 1/factor of its layers, trained for ``steps``
+    on the full schedule, its whole stack copied ``factor`` times, then a fresh optimizer re-entering
+    the schedule at that step through ``rewarmup`` steps, to ``train.steps``."""
+
+    factor: int = 2
+    steps: int = 0
+    rewarmup: int = 0
+    tag: str = ""
+
+
+@dataclass
+class StagedConfig:
+    """Staged training (Shen et al. 2022): start from the config's model shrunk by the growths, train
+    each stage for its ``steps``, grow x2 (``width`` or ``depth``, Adam state carried), and re-enter
+    the full model's LR schedule at S_r = position / constant_op with a ``rewarmup``; the last stage
+    runs to ``train.steps`` of that schedule."""
+
+    grow: list = field(default_factory=lambda: ["width"])  # growths in order: width | depth
+    steps: list = field(default_factory=list)  # steps of each stage before its growth
+    rewarmup: int = 0  # W_r
+    constant_op: list | None = None  # S_small / S_large at equal loss per growth (default: the paper's)
+    depth_where: str = "alternate"  # new blocks: alternate (2i+1) or append
+    tag: str = ""
 
 
 @dataclass
@@ -96,12 +125,16 @@ class RunConfig:
     train: TrainConfig
     seed: int = 0
     vcycle: VCycleConfig | None = None
+    staged: StagedConfig | None = None
+    stack: StackConfig | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "vcycle": VCycleConfig}
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "vcycle": VCycleConfig,
+            "staged": StagedConfig, "stack": StackConfig}
+METHOD_SECTIONS = ("vcycle", "staged", "stack")  # sections only some methods read
 
 
 def default_value(dotted: str) -> Any:
@@ -168,6 +201,8 @@ def parse_config(raw: dict, source: str = "config") -> RunConfig:
         train=_build(TrainConfig, raw["train"], "train"),
         seed=_integer(raw.get("seed", 0), "seed"),
         vcycle=_build(VCycleConfig, raw["vcycle"], "vcycle") if raw.get("vcycle") is not None else None,
+        staged=_build(StagedConfig, raw["staged"], "staged") if raw.get("staged") is not None else None,
+        stack=_build(StackConfig, raw["stack"], "stack") if raw.get("stack") is not None else None,
     )
     validate(cfg)
     return cfg
@@ -225,6 +260,19 @@ def validate(cfg: RunConfig) -> None:
     _number(t.lr, "train.lr", 0, low_open=True)
     if cfg.vcycle is not None:
         _validate_vcycle(cfg)
+    if cfg.staged is not None:
+        _validate_staged(cfg)
+    if cfg.stack is not None:
+        st = cfg.stack
+        _positive(st.factor, "stack.factor")
+        _positive(st.steps, "stack.steps")
+        _positive(st.rewarmup, "stack.rewarmup", zero_ok=True)
+        if st.factor < 2 or cfg.model.layers % st.factor:
+            raise ConfigError(f"stack.factor must be >= 2 and divide model.layers {cfg.model.layers}, got {st.factor}")
+        if st.steps >= cfg.train.steps:
+            raise ConfigError(f"stack.steps {st.steps} leaves no steps of train.steps {cfg.train.steps} for the full model")
+        if not isinstance(st.tag, str) or (st.tag and not re.fullmatch(r"[A-Za-z0-9_.+-]+", st.tag)):
+            raise ConfigError(f"stack.tag names a run directory: letters, digits and _ . + - only, got {st.tag!r}")
 
 
 def _validate_data(cfg: RunConfig) -> None:
@@ -250,6 +298,33 @@ def _validate_data(cfg: RunConfig) -> None:
         planned = 50257 if d.tokenizer == "gpt2" else d.vocab_size
         if vocab is not None and (not isinstance(vocab, int) or vocab < planned):
             raise ConfigError(f"model.options.vocab_size {vocab!r} is smaller than the tokenizer's {planned} tokens")
+
+
+def _validate_staged(cfg: RunConfig) -> None:
+    st = cfg.staged
+    if not isinstance(st.grow, list) or not st.grow or any(g not in ("width", "depth") for g in st.grow):
+        raise ConfigError(f"staged.grow must be a non-empty list of 'width' / 'depth', got {st.grow!r}")
+    if not isinstance(st.steps, list) or len(st.steps) != len(st.grow):
+        raise ConfigError(f"staged.steps needs one entry per growth ({len(st.grow)}), got {st.steps!r}")
+    for i, s in enumerate(st.steps):
+        _positive(s, f"staged.steps[{i}]")
+    _positive(st.rewarmup, "staged.rewarmup", zero_ok=True)
+    if st.constant_op is not None:
+        if not isinstance(st.constant_op, list) or len(st.constant_op) != len(st.grow):
+            raise ConfigError(f"staged.constant_op needs one entry per growth, got {st.constant_op!r}")
+        for i, c in enumerate(st.constant_op):
+            _number(c, f"staged.constant_op[{i}]", 0, low_open=True)
+    if st.depth_where not in ("alternate", "append"):
+        raise ConfigError(f"staged.depth_where must be 'alternate' or 'append', got {st.depth_where!r}")
+    if not isinstance(st.tag, str) or (st.tag and not re.fullmatch(r"[A-Za-z0-9_.+-]+", st.tag)):
+        raise ConfigError(f"staged.tag names a run directory: letters, digits and _ . + - only, got {st.tag!r}")
+    from .models import staged_schedule, staged_sizes
+
+    staged_sizes(cfg)  # the shapes must halve
+    final_start = staged_schedule(cfg)[-1][0]
+    if final_start >= cfg.train.steps:
+        raise ConfigError(f"staged: the full model would re-enter the schedule at step {final_start}, not before "
+                          f"train.steps {cfg.train.steps}; shorten staged.steps")
 
 
 def _validate_vcycle(cfg: RunConfig) -> None:
@@ -290,6 +365,9 @@ def _validate_vcycle(cfg: RunConfig) -> None:
         raise ConfigError(f"vcycle.tag and vcycle.scheme must be strings, got {v.tag!r} and {v.scheme!r}")
     if v.tag and not re.fullmatch(r"[A-Za-z0-9_.+-]+", v.tag):
         raise ConfigError(f"vcycle.tag names a run directory: letters, digits and _ . + - only, got {v.tag!r}")
+    if v.up_path not in ("copy", "identity"):
+        raise ConfigError(f"vcycle.up_path must be 'copy' or 'identity', got {v.up_path!r}")
+    _number(v.tie_break, "vcycle.tie_break", 0)
     if v.optimizer not in ("reset", "carry"):
         raise ConfigError(f"vcycle.optimizer must be 'reset' or 'carry', got {v.optimizer!r}")
     alpha = v.alpha

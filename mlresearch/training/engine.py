@@ -29,7 +29,7 @@ from ..errors import MLResearchError
 from ..faults import fault_point
 from .config import RunConfig
 from .flops import train_flops_per_example
-from .schedules import WarmupDecay
+from .schedules import Offset, Restart, WarmupDecay
 
 
 class TrainingDiverged(MLResearchError, RuntimeError):
@@ -38,11 +38,24 @@ class TrainingDiverged(MLResearchError, RuntimeError):
 
 @dataclass
 class Phase:
+    """``steps`` of training under warm-up + decay; by default the schedule spans the phase. A phase
+    may instead run steps ``start .. start + steps`` of a longer schedule of ``horizon`` steps, entered
+    at ``start`` through a linear re-warm-up of ``rewarmup`` steps (staged training after growth)."""
+
     name: str
     level: int
     steps: int
     lr: float
     warmup: int
+    horizon: int | None = None
+    start: int = 0
+    rewarmup: int = 0
+
+    def schedule(self, kind: str, floor: float):
+        base = WarmupDecay(self.warmup, self.horizon or self.steps, kind, floor)
+        if not self.start and not self.rewarmup:
+            return base
+        return Offset(Restart(base, self.start, self.rewarmup), self.start)
 
 
 @dataclass
@@ -184,7 +197,9 @@ def set_rng_state(state: dict) -> None:
 def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, ledger: Ledger, log_rows: int) -> None:
     with atomic_dir(path, overwrite=True) as tmp:
         save_model(model, tmp / "model")
-        save_state(tmp, {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(),
+        # The LR multipliers themselves are not state: the phase rebuilds them; only the position is kept.
+        position = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+        save_state(tmp, {"optimizer": optimizer.state_dict(), "scheduler": position, "rng": _rng_state(),
                          "step": step, "ledger": asdict(ledger), "log_rows": log_rows})
 
 
@@ -215,15 +230,14 @@ def train_phase(
         optimizer = new_optimizer(model, cfg, phase.lr)
     for group in optimizer.param_groups:  # a carried optimizer keeps its state, takes this phase's LR
         group["lr"] = group["initial_lr"] = phase.lr
-    schedule = WarmupDecay(phase.warmup, phase.steps, t.schedule, t.min_lr_ratio)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, phase.schedule(t.schedule, t.min_lr_ratio))
     ckpt = ckpt_dir / phase.name
     start = 0
     if resume and state_exists(ckpt):
         state = load_state(ckpt)
         model.load_state_dict(load_model(ckpt / "model").state_dict())
         optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
+        scheduler.load_state_dict({"lr_lambdas": [None] * len(optimizer.param_groups), **state["scheduler"]})
         set_rng_state(state["rng"])
         start = state["step"]
         for k, v in state["ledger"].items():

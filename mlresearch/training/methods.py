@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..operators import coalesce, coalesce_state, decoalesce, decoalesce_state, interpolate
+from ..operators import (coalesce, coalesce_state, decoalesce, decoalesce_preserving, decoalesce_state,
+                         interpolate, stack_layers)
 from .config import ConfigError, RunConfig
 
 
@@ -33,6 +34,10 @@ class Train:
     steps: int
     lr: float
     warmup: int
+    horizon: int | None = None  # a longer schedule this phase runs part of (staged training)
+    start: int = 0  # where in that schedule it begins
+    rewarmup: int = 0  # linear re-warm-up into the schedule at ``start``
+    sizes: Any = None  # the model's size when the method says it (else: the V-cycle's level size)
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,8 @@ class Step:
         return dict(self.options).get(key, default)
 
     def describe(self) -> str:
-        shown = ", ".join(f"{k} {v}" for k, v in self.options)
+        shown = ", ".join(f"{k} {f'{v.layers}L/{v.hidden}d/{v.heads}h' if hasattr(v, 'layers') else v}"
+                          for k, v in self.options)
         return f"{self.op.replace('_', ' ')} (level {self.level}{'; ' + shown if shown else ''})"
 
 
@@ -66,6 +72,7 @@ class State:
 
 TRANSITIONS: dict[str, Callable] = {}
 METHODS: dict[str, Callable[[RunConfig], Plan]] = {}
+READS: dict[str, tuple[str, ...]] = {}  # the config's method sections each method reads
 
 
 def transition(name: str):
@@ -75,9 +82,13 @@ def transition(name: str):
     return register
 
 
-def method(name: str):
+def method(name: str, reads: tuple[str, ...] = ()):
+    """Register ``fn(cfg) -> plan`` as method ``name``; ``reads``: the method sections of the config
+    (``vcycle``, ``staged``) it depends on, so a run is not told its config changed when another
+    method's section did."""
     def register(fn):
         METHODS[name] = fn
+        READS[name] = reads
         return fn
     return register
 
@@ -100,8 +111,9 @@ def execute(run, plan: Plan) -> torch.nn.Module:
     state = State()
     for item in plan:
         if isinstance(item, Train):
-            state.model, state.optimizer = run.train(state.model, state.optimizer,
-                                                     Phase(item.name, item.level, item.steps, item.lr, item.warmup))
+            phase = Phase(item.name, item.level, item.steps, item.lr, item.warmup, item.horizon, item.start,
+                          item.rewarmup)
+            state.model, state.optimizer = run.train(state.model, state.optimizer, phase)
         else:
             TRANSITIONS[item.op](run, state, item)
     return state.model
@@ -110,8 +122,9 @@ def execute(run, plan: Plan) -> torch.nn.Module:
 # ----------------------------------------------------------------------------- transitions
 @transition("new_model")
 def new_model(run, state: State, step: Step) -> None:
-    """A freshly initialised model of level ``step.level``'s size (level 1: the config's)."""
-    state.model, state.optimizer = run.new_model(step.level), None
+    """A freshly initialised model of level ``step.level``'s size (level 1: the config's), or of the
+    ``sizes`` the step gives."""
+    state.model, state.optimizer = run.new_model(step.level, step.option("sizes")), None
 
 
 @transition("keep_partner")
@@ -156,8 +169,68 @@ def coalesce_step(run, state: State, step: Step) -> None:
 
 @transition("decoalesce")
 def decoalesce_step(run, state: State, step: Step) -> None:
-    """De-coalesce with the level's scheme."""
-    _map(run, state, step, "decoalesce", decoalesce, decoalesce_state)
+    """De-coalesce with the level's scheme: ``path`` copy (the paper: layers copied) or identity (new
+    layers start as identity blocks, so a pre-norm model computes what the small one did);
+    ``tie_break`` > 0 adds that much noise (x each tensor's std) to break the duplicated units."""
+    if step.option("path", "copy") == "identity":
+        _map(run, state, step, "decoalesce", lambda m, s: decoalesce_preserving(m, None, s)[0],
+             decoalesce_preserving)
+    else:
+        _map(run, state, step, "decoalesce", decoalesce, decoalesce_state)
+    noise = step.option("tie_break", 0.0)
+    if noise:
+        g = torch.Generator().manual_seed(run.cfg.seed * 1000 + step.level)
+        with torch.no_grad():
+            for p in state.model.parameters():
+                if p.numel() > 1:
+                    p.add_(torch.randn(p.shape, generator=g).to(p) * (noise * p.std()))
+
+
+@transition("measure_symmetry")
+def measure_symmetry(run, state: State, step: Step) -> None:
+    """How far the model is from one whose width-duplicated units are equal: the largest entry of
+    ``m - decoalesce(coalesce(m))`` under the level's width scheme, relative to the largest entry of
+    ``m`` (0 right after plain de-coalescing; it grows only if something breaks the tie)."""
+    from ..operators import Scheme
+
+    scheme = state.schemes[step.level]
+    if scheme.width is None:
+        return
+    width = Scheme(width=scheme.width, kv_heads=scheme.kv_heads, ffn=scheme.ffn)
+    with torch.no_grad():
+        sym = decoalesce(coalesce(state.model, width), width)
+        diffs = [(a - b).abs().max().item() / max(a.abs().max().item(), 1e-30)
+                 for (_, a), b in zip(state.model.named_parameters(), sym.parameters())]
+    run.log.write({"event": "symmetry", "level": step.level, "when": step.option("when"),
+                   "max_rel_diff": max(diffs)})
+
+
+def _grow(run, state: State, step: Step, name: str, fn) -> None:
+    """Grow with the whole training state (Adam moments mapped, step kept); log the validation loss
+    before and after (equal for the loss-preserving operators)."""
+    from .engine import evaluate
+
+    before = evaluate(state.model, run.data, run.cfg)["val_loss"]
+    state.model, state.optimizer = run.operator(name, step.level, lambda: fn(state.model, state.optimizer))
+    state.model.train()
+    run.log.write({"event": "grown", "op": name, "level": step.level, "val_loss_before": before,
+                   "val_loss_after": evaluate(state.model, run.data, run.cfg)["val_loss"]})
+
+
+@transition("grow_width")
+def grow_width_step(run, state: State, step: Step) -> None:
+    """Width x2 the staged-training way (block-diagonal matrices; function kept)."""
+    from ..operators import grow_width
+
+    _grow(run, state, step, "grow_width", lambda m, o: grow_width(m, o))
+
+
+@transition("grow_depth")
+def grow_depth_step(run, state: State, step: Step) -> None:
+    """Depth x2 with identity blocks (zero residual writers; function kept in pre-norm blocks)."""
+    from ..operators import grow_depth
+
+    _grow(run, state, step, "grow_depth", lambda m, o: grow_depth(m, o, where=step.option("where", "alternate")))
 
 
 @transition("merge")
@@ -209,7 +282,7 @@ def _needs_vcycle(cfg: RunConfig, name: str) -> None:
         raise ConfigError(f"method {name!r} needs the config's vcycle section (levels, scheme, budgets)")
 
 
-@method("small")
+@method("small", reads=("vcycle",))
 def small(cfg: RunConfig) -> Plan:
     """The control every growth method must beat: the coalesced shape (the V-cycle's smallest level)
     trained from scratch with the same data, steps and batch as the baseline, at the smallest
@@ -220,7 +293,7 @@ def small(cfg: RunConfig) -> Plan:
     return [Step("new_model", K), Train("small", K, t.steps, lr, t.warmup)]
 
 
-@method("vcycle")
+@method("vcycle", reads=("vcycle",))
 def vcycle(cfg: RunConfig) -> Plan:
     """The multi-level V-cycle (Zou et al., A.5.2) with K levels::
 
@@ -243,11 +316,66 @@ def vcycle(cfg: RunConfig) -> Plan:
             plan.append(Train(f"down{k}", k, v.down_steps[k - 1], lrs[k - 1], warm))
         plan += [Step("keep_partner", k), Step("choose_scheme", k), Step("coalesce", k, carry)]
     plan.append(Train("small", K, v.small_steps, lrs[K - 1], v.small_warmup))
+    up = carry + (("path", v.up_path),) + ((("tie_break", v.tie_break),) if v.tie_break else ())
     for k in range(K - 1, 0, -1):
         i = K - 1 - k
-        plan += [Step("decoalesce", k, carry), Step("merge", k, (("alpha", v.alpha),)),
-                 Train(f"up{k}", k, v.up_steps[i], lrs[k - 1], v.up_warmup[i] if v.up_warmup else 0)]
+        plan += [Step("decoalesce", k, up), Step("merge", k, (("alpha", v.alpha),)),
+                 Step("measure_symmetry", k, (("when", "merged"),)),
+                 Train(f"up{k}", k, v.up_steps[i], lrs[k - 1], v.up_warmup[i] if v.up_warmup else 0),
+                 Step("measure_symmetry", k, (("when", f"after up{k}"),))]
     return plan
+
+
+@method("staged", reads=("staged",))
+def staged(cfg: RunConfig) -> Plan:
+    """Staged training (Shen et al. 2022): the config's model shrunk by ``staged.grow``, trained for
+    each stage's steps on the full model's LR schedule, grown x2 with the training state, the schedule
+    re-entered at S_r = position / constant_op through a ``rewarmup``, until ``train.steps``."""
+    from .models import staged_schedule, staged_sizes
+
+    if cfg.staged is None:
+        raise ConfigError("method 'staged' needs the config's staged section (grow, steps, rewarmup)")
+    t, st = cfg.train, cfg.staged
+    sizes, schedule = staged_sizes(cfg), staged_schedule(cfg)
+    plan: Plan = [Step("new_model", 1, (("sizes", sizes[0]),))]
+    for i, (start, steps) in enumerate(schedule):
+        if i:
+            grow = st.grow[i - 1]
+            plan.append(Step(f"grow_{grow}", i, (("where", st.depth_where),) if grow == "depth" else ()))
+        plan.append(Train(f"stage{i}", i + 1, steps, t.lr, t.warmup, horizon=t.steps, start=start,
+                          rewarmup=st.rewarmup if i else 0, sizes=sizes[i]))
+    return plan
+
+
+@transition("stack")
+def stack_step(run, state: State, step: Step) -> None:
+    """G_stack: copy the whole layer stack ``factor`` times; the optimizer starts afresh."""
+    from .engine import evaluate
+
+    before = evaluate(state.model, run.data, run.cfg)["val_loss"]
+    factor = step.option("factor")
+    state.model = run.operator("stack", step.level, lambda: stack_layers(state.model, factor))
+    state.model.train()
+    state.optimizer = None
+    run.log.write({"event": "grown", "op": "stack", "level": step.level, "val_loss_before": before,
+                   "val_loss_after": evaluate(state.model, run.data, run.cfg)["val_loss"]})
+
+
+@method("stack", reads=("stack",))
+def stack(cfg: RunConfig) -> Plan:
+    """G_stack (Du et al. 2024): 1/factor of the layers for ``stack.steps`` on the full schedule, the
+    stack copied ``factor`` times, a fresh optimizer re-entering the schedule through ``rewarmup``."""
+    from .models import model_sizes
+
+    if cfg.stack is None:
+        raise ConfigError("method 'stack' needs the config's stack section (factor, steps, rewarmup)")
+    t, st, full = cfg.train, cfg.stack, model_sizes(cfg)
+    small = full.replace(layers=full.layers // st.factor)
+    return [Step("new_model", 1, (("sizes", small),)),
+            Train("stage0", 1, st.steps, t.lr, t.warmup, horizon=t.steps, sizes=small),
+            Step("stack", 1, (("factor", st.factor),)),
+            Train("stage1", 2, t.steps - st.steps, t.lr, t.warmup, horizon=t.steps, start=st.steps,
+                  rewarmup=st.rewarmup, sizes=full)]
 
 
 # ----------------------------------------------------------------------------- planned FLOPs
@@ -262,21 +390,25 @@ def planned_ledger(cfg: RunConfig, name: str) -> dict:
     vocab = 50257 if cfg.data.tokenizer == "gpt2" else cfg.data.vocab_size
     family = FAMILIES[cfg.model.family]
     seq = None if cfg.task == "image_cls" else cfg.data.seq_len
-    sizes = level_sizes(cfg) if cfg.vcycle else [model_sizes(cfg)]
-    models: dict[int, torch.nn.Module] = {}
-    for level in sorted({item.level for item in plan if isinstance(item, Train)}):
-        with torch.device("meta"), family.skip_init():
-            models[level] = family.new(sizes[level - 1], **model_options(cfg, vocab))
-        family.tie(models[level])  # (skipped initialisation leaves a tied head untied)
+    level = level_sizes(cfg) if cfg.vcycle else [model_sizes(cfg)]
+    models: dict = {}
+    for item in plan:
+        if isinstance(item, Train):
+            s = item.sizes or level[item.level - 1]
+            if s not in models:
+                with torch.device("meta"), family.skip_init():
+                    models[s] = family.new(s, **model_options(cfg, vocab))
+                family.tie(models[s])  # (skipped initialisation leaves a tied head untied)
     b = cfg.train.batch_size
     phases = []
     for item in plan:
         if isinstance(item, Train):
-            model = models[item.level]
+            model = models[item.sizes or level[item.level - 1]]
             phases.append({"phase": item.name, "level": item.level, "steps": item.steps,
                            "examples": item.steps * b, "tokens": item.steps * b * (seq or 1),
                            "flops": item.steps * b * train_flops_per_example(model, seq),
-                           "params": sum(p.numel() for p in model.parameters()), "sizes": sizes[item.level - 1]})
+                           "params": sum(p.numel() for p in model.parameters()),
+                           "sizes": item.sizes or level[item.level - 1]})
     return {"method": name, "plan": plan, "phases": phases, "flops": sum(p["flops"] for p in phases)}
 
 

@@ -50,10 +50,11 @@ def check_model_fits_data(cfg: RunConfig, data) -> None:
 
 
 def build_model(cfg: RunConfig, vocab_size: int | None = 8192, special: dict | None = None,
-                device: str | torch.device | None = None, level: int = 1) -> nn.Module:
-    """A randomly initialised model of the config's size (``level`` k > 1: the V-cycle's level-k size)."""
+                device: str | torch.device | None = None, level: int = 1, sizes: Sizes | None = None) -> nn.Module:
+    """A randomly initialised model of the config's size (``level`` k > 1: the V-cycle's level-k size;
+    ``sizes``: that size)."""
     family = FAMILIES[cfg.model.family]
-    sizes = model_sizes(cfg) if level == 1 else level_sizes(cfg)[level - 1]
+    sizes = sizes or (model_sizes(cfg) if level == 1 else level_sizes(cfg)[level - 1])
     if device is not None:
         with torch.device(device):
             return family.new(sizes, **model_options(cfg, vocab_size, special))
@@ -96,3 +97,36 @@ def level_sizes(cfg: RunConfig) -> list[Sizes]:
         except SchemeError as exc:
             raise ConfigError(f"vcycle.scheme does not fit the level-{level} model {sizes[-1]}: {exc}") from exc
     return sizes
+
+
+def staged_sizes(cfg: RunConfig) -> list[Sizes]:
+    """The model's size in each stage of staged training: the config's model shrunk by every growth,
+    then grown back one growth at a time (the last entry is the config's size)."""
+    st, sizes = cfg.staged, [model_sizes(cfg)]
+    for grow in reversed(st.grow):
+        s = sizes[0]
+        if grow == "width":
+            if s.heads % 2 or s.kv_heads % 2 or s.hidden % 2 or s.ffn % 2:
+                raise ConfigError(f"staged width growth needs an even number of heads, KV heads, hidden and FFN "
+                                  f"units at every stage; {s} is not")
+            sizes.insert(0, s.replace(heads=s.heads // 2, kv_heads=s.kv_heads // 2, hidden=s.hidden // 2,
+                                      ffn=s.ffn // 2))
+        else:
+            if s.layers % 2:
+                raise ConfigError(f"staged depth growth needs an even number of layers at every stage; {s} is not")
+            sizes.insert(0, s.replace(layers=s.layers // 2))
+    return sizes
+
+
+def staged_schedule(cfg: RunConfig) -> list[tuple[int, int]]:
+    """Per stage, (where it enters the full model's LR schedule, how many steps it trains): stage 0
+    starts at 0; after a growth the schedule is re-entered at S_r = position / constant_op (B.5)."""
+    from .schedules import CONSTANT_OP
+
+    st, out, position = cfg.staged, [], 0
+    constants = st.constant_op or [CONSTANT_OP[g] for g in st.grow]
+    for steps, c in zip(st.steps, constants):
+        out.append((position, steps))
+        position = int(round((position + steps) / c))
+    out.append((position, cfg.train.steps - position))
+    return out

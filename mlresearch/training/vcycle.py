@@ -25,7 +25,7 @@ from ..errors import MLResearchError
 from ..faults import fault_point
 from ..data.datasets import load_data
 from ..results import provenance, write_json
-from .config import ConfigError, RunConfig, default_value
+from .config import METHOD_SECTIONS, ConfigError, RunConfig, default_value
 from .engine import (Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, set_rng_state,
                      train_phase)
 from .methods import build_plan, execute
@@ -53,7 +53,15 @@ def default_out(cfg: RunConfig, kind: str, root: str | Path | None = None) -> Pa
         name = f"baseline-seed{cfg.seed}"
     elif kind == "vcycle":
         tag = f"-{v.tag}" if v.tag else ""
-        name = f"vcycle-L{v.levels}-{_name_part(v.scheme)}-a{v.alpha}-{v.optimizer}{tag}-seed{cfg.seed}"
+        variant = ("-up_identity" if v.up_path == "identity" else "") + (f"-tie{v.tie_break}" if v.tie_break else "")
+        name = f"vcycle-L{v.levels}-{_name_part(v.scheme)}-a{v.alpha}-{v.optimizer}{variant}{tag}-seed{cfg.seed}"
+    elif kind == "staged":
+        st = cfg.staged
+        tag = f"-{st.tag}" if st.tag else ""
+        name = f"staged-{'-'.join(st.grow)}{tag}-seed{cfg.seed}"
+    elif kind == "stack":
+        tag = f"-{cfg.stack.tag}" if cfg.stack.tag else ""
+        name = f"stack-x{cfg.stack.factor}{tag}-seed{cfg.seed}"
     else:  # a method whose run depends on the V-cycle's shapes (the small-model control, say)
         name = f"{kind}-L{v.levels}-{_name_part(v.scheme)}-seed{cfg.seed}" if v else f"{kind}-seed{cfg.seed}"
     base = runs_root(root)
@@ -80,7 +88,7 @@ def _latest_checkpoint_rows(ckpt: Path) -> int:
     return max((load_state(d)["log_rows"] for d in ckpt.iterdir() if d.is_dir() and state_exists(d)), default=0)
 
 
-def config_differences(out: Path, cfg: RunConfig, baseline: bool = False) -> list[str]:
+def config_differences(out: Path, cfg: RunConfig, kind: str = "vcycle") -> list[str]:
     """Dotted keys whose values in ``out/config.yaml`` differ from ``cfg`` (keys the stored
     config lacks count as equal when ``cfg`` has their default)."""
     path = Path(out) / "config.yaml"
@@ -99,9 +107,12 @@ def config_differences(out: Path, cfg: RunConfig, baseline: bool = False) -> lis
     for k in new.keys() - old.keys():  # a setting added after the run was written: it had its default
         default = default_value(k)
         old[k] = list(default) if isinstance(default, tuple) else default
-    keys = set(new) | (set(old) if baseline else set())
-    if baseline:  # a baseline does not depend on the V-cycle section its config file carries
-        keys = {k for k in keys if k.split(".")[0] != "vcycle"}
+    from .methods import READS
+
+    ignored = set(METHOD_SECTIONS) - set(READS.get(kind, METHOD_SECTIONS))  # other methods' sections
+    keys = {k for k in set(new) | set(old) if k.split(".")[0] not in ignored}
+    for k in keys - set(new):  # a section this config lacks (vcycle: null) counts as its default
+        new[k] = None
     return sorted(k for k in keys if k != "train.threads" and old.get(k) != new.get(k))
 
 
@@ -127,7 +138,7 @@ class Run:
         self.accelerator.wait_for_everyone()
         if exists and not resume:
             if not overwrite:
-                changed = config_differences(self.out, cfg, baseline=kind == "baseline")
+                changed = config_differences(self.out, cfg, kind)
                 other = f" with another config (differs in {', '.join(changed)})" if changed else ""
                 raise FileExistsError(f"{self.out} exists{other}; pass --resume to continue it, --overwrite to start "
                                       "over, or --out/--root to write elsewhere")
@@ -136,7 +147,7 @@ class Run:
                 raise FileExistsError(f"{self.out} holds {len(tracked)} file(s) of the committed study; --overwrite "
                                       "will not delete them: write elsewhere with --out or --root")
         if exists and resume:
-            changed = config_differences(self.out, cfg, baseline=kind == "baseline")
+            changed = config_differences(self.out, cfg, kind)
             if changed:
                 raise ConfigError(f"{self.out} was started with another config (differs in {', '.join(changed)}); "
                                   "resume it with its own config, or give the variant its own directory (--out or "
@@ -183,9 +194,9 @@ class Run:
             self._lock.close()  # releases the flock
             self._lock = None
 
-    def new_model(self, level: int = 1):
+    def new_model(self, level: int = 1, sizes=None):
         torch.manual_seed(self.cfg.seed)
-        return build_model(self.cfg, self.data.vocab_size or None, self.data.special, level=level)
+        return build_model(self.cfg, self.data.vocab_size or None, self.data.special, level=level, sizes=sizes)
 
     def train(self, model, optimizer, phase: Phase):
         start = dict(flops=self.ledger.flops, wall=self.ledger.wall, examples=self.ledger.examples)
