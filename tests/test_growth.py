@@ -20,6 +20,7 @@ from mlresearch.operators import (
     grow_width,
     width_growth,
 )
+from mlresearch.families import family_of
 from mlresearch.operators.axes import grad_factor
 from mlresearch.operators.optim import _reads, clear_step_multipliers
 
@@ -283,3 +284,39 @@ def test_match_first_step_multipliers(family, opt_name):
     clear_step_multipliers(grown_opt)
     settings = {(g["lr"], g.get("eps"), g["weight_decay"]) for g in grown_opt.param_groups}
     assert settings == {(g["lr"], g.get("eps"), g["weight_decay"]) for g in plain_opt.param_groups}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_preserving_up_path_keeps_the_small_models_function(family):
+    """Width de-coalesced as usual, new depth positions as identity blocks: exact for pre-norm blocks;
+    post-norm BERT re-normalises a zero update, so there the result differs (and copies differ too)."""
+    from mlresearch.operators import Scheme, coalesce, decoalesce_preserving
+
+    big = FACTORIES[family]()
+    scheme = Scheme.halving(big)
+    small = randomize(coalesce(big, scheme), 3)
+    up, _ = decoalesce_preserving(small, None, scheme)
+    assert family_of(up).sizes(up) == family_of(big).sizes(big)
+    x = example_input(big)
+    ref, got = outputs(small, x), outputs(up, x)
+    change = ((ref - got).abs().max() / ref.abs().max()).item()
+    if family_of(big).norm_position == "pre":
+        assert change <= 1e-5
+    else:
+        assert change > 1e-3
+
+
+def test_stacking_copies_the_whole_layer_stack():
+    from mlresearch.operators import stack_layers
+
+    model = randomize(FACTORIES["llama"](layers=2), 4)
+    stacked = stack_layers(model, 3)
+    p, q = dict(model.named_parameters()), dict(stacked.named_parameters())
+    assert stacked.config.num_hidden_layers == 6
+    for name, value in q.items():
+        if ".layers." in name:
+            i = int(name.split(".layers.")[1].split(".")[0])
+            source = name.replace(f".layers.{i}.", f".layers.{i % 2}.")
+            assert torch.equal(value, p[source]), name
+        else:
+            assert torch.equal(value, p[name]), name

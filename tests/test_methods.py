@@ -133,4 +133,29 @@ def test_staged_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="even number of layers"):
         smoke("gpt2", "model.layers=3", "vcycle=null", "staged.grow=[depth]", "staged.steps=[2]")
     with pytest.raises(ConfigError, match="re-enter the schedule at step"):
-        smoke("gpt2", "staged.steps=[40]")
+        build_plan(smoke("gpt2", "staged.steps=[40]"), "staged")
+    with pytest.raises(ConfigError, match="stack.steps 12 leaves no steps"):
+        build_plan(smoke("gpt2", "stack.steps=12"), "stack")
+
+
+@pytest.mark.parametrize("variant, merged_asymmetry", [
+    (["vcycle.alpha=1.0"], 0.0),  # the de-coalesced model alone: duplicated units equal ...
+    (["vcycle.alpha=1.0", "vcycle.tie_break=0.01"], 1e-3),  # ... unless noise breaks the tie
+    (["vcycle.alpha=0.25"], 1e-3),  # or the partner does
+])
+def test_symmetry_is_measured_and_only_broken_by_something(tmp_path, variant, merged_asymmetry):
+    run_method(smoke("gpt2", *variant), "vcycle", tmp_path / "vc")
+    events = {r["when"]: r["max_rel_diff"] for r in read_metrics(tmp_path / "vc") if r.get("event") == "symmetry"}
+    assert set(events) == {"merged", "after up1"}
+    if merged_asymmetry == 0.0:
+        assert events["merged"] <= 1e-6
+        assert events["after up1"] <= 1e-4  # identical gradients keep duplicates (almost) identical
+    else:
+        assert events["merged"] > merged_asymmetry and events["after up1"] > merged_asymmetry
+
+
+def test_identity_up_path_starts_the_up_phase_at_the_small_models_loss(tmp_path):
+    run_method(smoke("gpt2", "vcycle.up_path=identity", "vcycle.alpha=1.0"), "vcycle", tmp_path / "vc")
+    (event,) = [r for r in read_metrics(tmp_path / "vc") if r.get("event") == "interpolated"]
+    small_last = [r for r in read_metrics(tmp_path / "vc") if r.get("phase") == "small" and "val_loss" in r][-1]
+    assert event["decoalesced_val_loss"] == pytest.approx(small_last["val_loss"], abs=1e-5)

@@ -337,6 +337,9 @@ def staged(cfg: RunConfig) -> Plan:
         raise ConfigError("method 'staged' needs the config's staged section (grow, steps, rewarmup)")
     t, st = cfg.train, cfg.staged
     sizes, schedule = staged_sizes(cfg), staged_schedule(cfg)
+    if schedule[-1][0] >= t.steps:
+        raise ConfigError(f"staged: the full model would re-enter the schedule at step {schedule[-1][0]}, not before "
+                          f"train.steps {t.steps}; shorten staged.steps")
     plan: Plan = [Step("new_model", 1, (("sizes", sizes[0]),))]
     for i, (start, steps) in enumerate(schedule):
         if i:
@@ -370,6 +373,8 @@ def stack(cfg: RunConfig) -> Plan:
     if cfg.stack is None:
         raise ConfigError("method 'stack' needs the config's stack section (factor, steps, rewarmup)")
     t, st, full = cfg.train, cfg.stack, model_sizes(cfg)
+    if st.steps >= t.steps:
+        raise ConfigError(f"stack.steps {st.steps} leaves no steps of train.steps {t.steps} for the full model")
     small = full.replace(layers=full.layers // st.factor)
     return [Step("new_model", 1, (("sizes", small),)),
             Train("stage0", 1, st.steps, t.lr, t.warmup, horizon=t.steps, sizes=small),
