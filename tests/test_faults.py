@@ -94,6 +94,16 @@ def test_any_sequence_of_kills_resumes_to_the_uninterrupted_run(tmp_path, uninte
     assert not list(out.rglob("state.pt"))  # states are JSON + safetensors
 
 
+def test_a_row_cut_off_by_a_kill_is_dropped_on_resume(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    assert cli("train", SMOKE, "--out", out, *DROPOUT, fault="step:baseline:6").returncode == -signal.SIGKILL
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"phase": "baseline", "step": 7, "train_lo')  # a kill in the middle of a row's write
+    resumed = cli("train", SMOKE, "--out", out, "--resume", *DROPOUT)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert untimed(out) == untimed(uninterrupted / "train")
+
+
 def test_a_second_writer_is_refused(tmp_path):
     from mlresearch.training.vcycle import _lock
 

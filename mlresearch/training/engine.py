@@ -80,8 +80,14 @@ class MetricsLog:
 
     def __init__(self, path: Path, main: bool = True) -> None:
         self.path, self.main = path, main
-        self.count = self.in_file = len(read_metrics(path)) if path.exists() else 0
+        self.count = self.in_file = len(self._complete_lines())
         self._board = None
+
+    def _complete_lines(self) -> list[str]:
+        """The file's rows, without a last line a kill cut off mid-write (it has no newline)."""
+        if not self.path.exists():
+            return []
+        return self.path.read_text().splitlines(keepends=True)[:self.path.read_text().count("\n")]
 
     def write(self, row: dict) -> None:
         self.count += 1
@@ -103,8 +109,7 @@ class MetricsLog:
     def truncate(self, count: int) -> None:
         """Keep the first ``count`` rows (a resumed run writes the later ones again)."""
         if self.main and self.path.exists():
-            lines = self.path.read_text().splitlines(keepends=True)[:count]
-            atomic_write_text(self.path, "".join(lines))
+            atomic_write_text(self.path, "".join(self._complete_lines()[:count]))
         self.count = self.in_file = min(count, self.in_file)
 
     def _tensorboard(self, row: dict) -> None:
