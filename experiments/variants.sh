@@ -14,6 +14,7 @@ for seed in "${@:-0}"; do
   go --method vcycle                                                     # the paper: copy up-path, alpha 0.25
   go --method vcycle --set vcycle.up_path=identity                       # identity blocks on the way up
   go --method vcycle --set vcycle.up_path=identity --set vcycle.alpha=1.0  # ... and no merge with the partner
+  go --method vcycle --set vcycle.up_path=identity --set vcycle.alpha=1.0 --set vcycle.tie_break=0.01  # ... + noise
   go --method small
   go --method staged
   go --method stack
