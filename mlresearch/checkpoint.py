@@ -162,6 +162,19 @@ def _decode(x, tensors):
     return x
 
 
+def state_value(directory: str | os.PathLike, key: str):
+    """One plain top-level value of a saved state (a step, a row count) without loading its tensors."""
+    directory = Path(directory)
+    if not (directory / STATE_JSON).is_file():
+        return load_state(directory)[key]
+    try:
+        doc = json.loads((directory / STATE_JSON).read_text())
+        return dict(doc["__dict__"])[key]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"training state in {directory} is unreadable ({type(exc).__name__}: {exc}); "
+                              "delete that checkpoint directory to resume from an earlier one, or start over") from exc
+
+
 def state_exists(directory: str | os.PathLike) -> bool:
     directory = Path(directory)
     return (directory / STATE_JSON).is_file() or (directory / LEGACY_STATE).is_file()

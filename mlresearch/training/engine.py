@@ -23,7 +23,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ..checkpoint import atomic_dir, atomic_write_text, load_model, load_state, save_model, save_state, state_exists
+from ..checkpoint import (atomic_dir, atomic_write_text, load_model, load_state, save_model, save_state,
+                          state_exists, state_value)
 from ..data.datasets import Data, batch_indices, make_batch
 from ..errors import MLResearchError
 from ..faults import fault_point
@@ -317,4 +318,4 @@ def train_phase(
 
 def phase_done(ckpt_dir: Path, phase: Phase) -> bool:
     path = ckpt_dir / phase.name
-    return state_exists(path) and load_state(path)["step"] >= phase.steps
+    return state_exists(path) and state_value(path, "step") >= phase.steps

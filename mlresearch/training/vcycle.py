@@ -20,7 +20,8 @@ import numpy as np
 import torch
 import yaml
 
-from ..checkpoint import atomic_write_text, load_model, load_state, recover_tree, save_model, state_exists
+from ..checkpoint import (atomic_write_text, load_model, load_state, recover_tree, save_model, state_exists,
+                          state_value)
 from ..errors import MLResearchError
 from ..faults import fault_point
 from ..data.datasets import load_data
@@ -85,7 +86,7 @@ def _latest_checkpoint_rows(ckpt: Path) -> int:
     """Rows ``metrics.jsonl`` had when the newest checkpoint was taken (0 without one)."""
     if not ckpt.is_dir():
         return 0
-    return max((load_state(d)["log_rows"] for d in ckpt.iterdir() if d.is_dir() and state_exists(d)), default=0)
+    return max((state_value(d, "log_rows") for d in ckpt.iterdir() if d.is_dir() and state_exists(d)), default=0)
 
 
 def config_differences(out: Path, cfg: RunConfig, kind: str = "vcycle") -> list[str]:
