@@ -162,6 +162,11 @@ def _decode(x, tensors):
     return x
 
 
+def _unreadable(directory: Path, exc: Exception) -> CheckpointError:
+    return CheckpointError(f"training state in {directory} is unreadable ({type(exc).__name__}: {exc}); "
+                           "delete that checkpoint directory to resume from an earlier one, or start over")
+
+
 def state_value(directory: str | os.PathLike, key: str):
     """One plain top-level value of a saved state (a step, a row count) without loading its tensors."""
     directory = Path(directory)
@@ -171,8 +176,7 @@ def state_value(directory: str | os.PathLike, key: str):
         doc = json.loads((directory / STATE_JSON).read_text())
         return dict(doc["__dict__"])[key]
     except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"training state in {directory} is unreadable ({type(exc).__name__}: {exc}); "
-                              "delete that checkpoint directory to resume from an earlier one, or start over") from exc
+        raise _unreadable(directory, exc) from exc
 
 
 def state_exists(directory: str | os.PathLike) -> bool:
@@ -193,8 +197,7 @@ def load_state(directory: str | os.PathLike) -> dict:
         tensors = load_file(str(directory / STATE_TENSORS))
         return _decode(doc, tensors)
     except Exception as exc:  # truncated, corrupt or missing files
-        raise CheckpointError(f"training state in {directory} is unreadable ({type(exc).__name__}: {exc}); "
-                              "delete that checkpoint directory to resume from an earlier one, or start over") from exc
+        raise _unreadable(directory, exc) from exc
 
 
 def _load_legacy_state(path: Path) -> dict:

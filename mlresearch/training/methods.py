@@ -206,8 +206,9 @@ def measure_symmetry(run, state: State, step: Step) -> None:
 
 
 def _grow(run, state: State, step: Step, name: str, fn) -> None:
-    """Grow with the whole training state (Adam moments mapped, step kept); log the validation loss
-    before and after (equal for the loss-preserving operators)."""
+    """Grow with ``fn(model, optimizer) -> (model, optimizer)`` (the growth operators map Adam's
+    moments and keep the step; G_stack returns no optimizer); log the validation loss before and
+    after (equal for the loss-preserving operators)."""
     from .engine import evaluate
 
     before = evaluate(state.model, run.data, run.cfg)["val_loss"]
@@ -353,15 +354,8 @@ def staged(cfg: RunConfig) -> Plan:
 @transition("stack")
 def stack_step(run, state: State, step: Step) -> None:
     """G_stack: copy the whole layer stack ``factor`` times; the optimizer starts afresh."""
-    from .engine import evaluate
-
-    before = evaluate(state.model, run.data, run.cfg)["val_loss"]
     factor = step.option("factor")
-    state.model = run.operator("stack", step.level, lambda: stack_layers(state.model, factor))
-    state.model.train()
-    state.optimizer = None
-    run.log.write({"event": "grown", "op": "stack", "level": step.level, "val_loss_before": before,
-                   "val_loss_after": evaluate(state.model, run.data, run.cfg)["val_loss"]})
+    _grow(run, state, step, "stack", lambda m, o: (stack_layers(m, factor), None))
 
 
 @method("stack", reads=("stack",))
