@@ -167,14 +167,19 @@ def _unreadable(directory: Path, exc: Exception) -> CheckpointError:
                            "delete that checkpoint directory to resume from an earlier one, or start over")
 
 
-def state_value(directory: str | os.PathLike, key: str):
-    """One plain top-level value of a saved state (a step, a row count) without loading its tensors."""
+_REQUIRED = object()
+
+
+def state_value(directory: str | os.PathLike, key: str, default=_REQUIRED):
+    """One plain top-level value of a saved state (a step, a row count) without loading its tensors;
+    ``default`` for a key that states written before it existed lack."""
     directory = Path(directory)
     if not (directory / STATE_JSON).is_file():
-        return load_state(directory)[key]
+        state = load_state(directory)
+        return state[key] if default is _REQUIRED else state.get(key, default)
     try:
-        doc = json.loads((directory / STATE_JSON).read_text())
-        return dict(doc["__dict__"])[key]
+        doc = dict(json.loads((directory / STATE_JSON).read_text())["__dict__"])
+        return doc[key] if default is _REQUIRED else doc.get(key, default)
     except (ValueError, KeyError, TypeError) as exc:
         raise _unreadable(directory, exc) from exc
 

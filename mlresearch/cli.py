@@ -9,6 +9,7 @@
     mlresearch similarity --run DIR | --model DIR [--data CONFIG] --metric cka --out DIR
     mlresearch new gpt2 --out DIR --layers 4 --heads 4 --hidden 128 [--set vocab_size=8192]
     mlresearch plan CONFIG [--gpus N --peak-tflops X --mfu Y]             phases, FLOPs, GPU-hours per method
+    mlresearch data prepare CONFIG [--num-proc N] [--out DIR]             tokenize once into token files
     mlresearch check MODEL_DIR [--scheme FILE | --factor N]                 which operator promises hold
     mlresearch map coalesce    --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
     mlresearch map decoalesce  --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
@@ -77,6 +78,30 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from .training.methods import format_cost
 
     print(format_cost(load_config(args.config, args.set), args.gpus, args.peak_tflops, args.mfu))
+    return 0
+
+
+def _cmd_data_prepare(args: argparse.Namespace) -> int:
+    from .data.prepare import is_prepared, open_prepared, prepare_text, prepared_dir
+    from .training.config import ConfigError, load_config
+    from .tasks import task_of
+    from .training.models import data_settings
+
+    cfg = load_config(args.config, args.set)
+    if not task_of(cfg.task).sequences:
+        raise ConfigError(f"`data prepare` tokenizes text; task {cfg.task} reads its images where they are")
+    settings = data_settings(cfg)
+    out = Path(args.out) if args.out else prepared_dir(cfg.task, settings, cfg.seed)
+    existed = is_prepared(out)
+    tick = time.perf_counter()
+    path = prepare_text(cfg.task, settings, cfg.seed, num_proc=args.num_proc, out=out, progress=True)
+    _, vocab, _, index = open_prepared(path, cfg.task, cfg.data.seq_len)
+    print(f"{'already prepared' if existed else f'prepared in {time.perf_counter() - tick:.1f} s'}: {path}")
+    print(f"{index['source']}, seed {index['seed']}, vocabulary {vocab} ({index['dtype']} token files)")
+    for name, info in index["splits"].items():
+        print(f"  {name:5} {info['documents']:>10,} documents {info['tokens']:>15,} tokens")
+    if args.out and not cfg.data.prepared_dir:
+        print(f"train from it with --set data.prepared_dir={path} (or data.prepared_dir in the config)")
     return 0
 
 
@@ -296,6 +321,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation to assume (default 0.4)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("data", help="data preparation")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    q = data_sub.add_parser("prepare", help="split by document, tokenize with datasets.map(num_proc) and write the "
+                                            "token files training reads in place")
+    q.add_argument("config")
+    q.add_argument("--num-proc", type=int, default=os.cpu_count() or 1, help="tokenizing processes (default: all CPUs)")
+    q.add_argument("--out", help="where to write (default: data.prepared_dir, else the data cache)")
+    q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    q.set_defaults(func=_cmd_data_prepare)
 
     p = sub.add_parser("check", help="run every operator on a saved model and say which promised properties hold")
     p.add_argument("model_dir", help="a model directory (config.json + model.safetensors) of a supported family")

@@ -25,6 +25,7 @@ from .checkpoint import load_model
 from .data import corpora
 from .data.datasets import DataError, text_split
 from .results import provenance, write_json
+from .tasks import task_of
 from .training.config import load_config
 from .training.models import data_settings
 
@@ -51,7 +52,7 @@ def _run_parts(run: Path):
     cfg = load_config(run / "config.yaml")
     data_cfg = data_settings(cfg)
     source = summary.get("data", {}).get("source", "")
-    if cfg.task != "image_cls" and source and not source.startswith("local:"):
+    if task_of(cfg.task).sequences and source and not source.startswith("local:"):
         # The corpora the run actually used (its summary), not the config's list, which may name
         # an optional corpus that was absent when it ran.
         data_cfg["corpus"] = [n for n in source.split("+") if not n.startswith("first")]

@@ -1,5 +1,5 @@
-"""Study tables: every V-cycle run in results/ against the baseline of its experiment and seed
-(``results/<experiment>/baseline-seed<seed>`` beside it).
+"""Study tables: every method's run in results/ (V-cycle, staged, G_stack, the small model alone ...)
+against the baseline of its experiment and seed (``results/<experiment>/baseline-seed<seed>`` beside it).
 
 Nothing here is typed by hand except :data:`PAPER`, the savings the multi-level paper *reports*
 (Zou et al., ICLR 2024; FLOPs and wall-time saving against training the same model from scratch),
@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from .tasks import task_of
 from .training.compare import compare_runs
 from .training.engine import read_metrics
 
@@ -33,43 +34,60 @@ def _runs(results: Path):
     for summary in sorted(results.glob("*/*/summary.json")):
         run = summary.parent
         data = json.loads(summary.read_text())
-        if (run / "config.yaml").exists() and data.get("kind") in ("baseline", "vcycle"):
+        if (run / "config.yaml").exists() and data.get("kind"):
             yield run, yaml.safe_load((run / "config.yaml").read_text()), data
-
-
-DOWNSTREAM = {"causal_lm": ("perplexity", "zero-shot ppl"), "masked_lm": ("accuracy", "BBC topic acc"),
-              "image_cls": ("accuracy", "test top-1")}
 
 
 def _downstream(run: Path, task: str) -> float | None:
     """The run's downstream number (``mlresearch downstream``), or its own test top-1 for images."""
-    key = DOWNSTREAM[task][0]
+    key = task_of(task).downstream[0]
     path = run / "downstream.json"
     if path.exists():
         return json.loads(path.read_text())[key]
-    if task == "image_cls":
+    if task_of(task).accuracy:
         return json.loads((run / "summary.json").read_text())["final_test"]["test_acc"]
     return None
 
 
+def _variant(kind: str, config: dict) -> dict:
+    """The table's description of a run of method ``kind``: levels (model sizes it passes through),
+    scheme (how it shrinks or grows), alpha, optimizer (reset / carry across transitions), budget."""
+    v, st, sk = config.get("vcycle") or {}, config.get("staged") or {}, config.get("stack") or {}
+    if kind == "vcycle":
+        alpha = str(v["alpha"]) + (f" up {v['up_path']}" if v.get("up_path", "copy") != "copy" else "") + \
+            (f" tie {v['tie_break']}" if v.get("tie_break") else "")
+        return {"levels": v["levels"], "scheme": v["scheme"], "alpha": alpha, "optimizer": v["optimizer"],
+                "budget": v.get("tag") or "preset"}
+    if kind == "small":
+        return {"levels": v.get("levels"), "scheme": v.get("scheme", "-"), "alpha": "-", "optimizer": "-",
+                "budget": "baseline steps"}
+    if kind == "staged":
+        return {"levels": len(st["grow"]) + 1, "scheme": "grow " + "+".join(st["grow"]) +
+                (" on trigger" if st.get("trigger") else ""), "alpha": "-", "optimizer": "carry",
+                "budget": st.get("tag") or "preset"}
+    if kind == "stack":
+        return {"levels": 2, "scheme": f"G_stack x{sk['factor']}", "alpha": "-", "optimizer": "reset",
+                "budget": sk.get("tag") or "preset"}
+    return {"levels": None, "scheme": "-", "alpha": "-", "optimizer": "-", "budget": "-"}
+
+
 def collect(results: str | Path = "results") -> pd.DataFrame:
-    """One row per V-cycle run with its baseline (same experiment and seed) and the comparison."""
+    """One row per run of a method (every kind but the baseline) with the baseline of the same
+    experiment and seed and the comparison."""
     results = Path(results)
     runs = list(_runs(results))
-    # A V-cycle is compared with the baseline of the same seed in the same experiment directory.
+    # A run is compared with the baseline of the same seed in the same experiment directory.
     baselines = {(r.parent, c["seed"]): r for r, c, s in runs if s["kind"] == "baseline"}
     rows = []
     for run, config, summary in runs:
-        if summary["kind"] != "vcycle":
+        if summary["kind"] == "baseline":
             continue
         base = baselines.get((run.parent, config["seed"]))
-        v = config["vcycle"]
-        row = {"experiment": config["experiment"], "task": config["task"], "run": run.name, "seed": config["seed"],
-               "levels": v["levels"], "scheme": v["scheme"], "alpha": str(v["alpha"]), "optimizer": v["optimizer"],
-               "budget": v.get("tag") or "preset",
-               "vcycle_full_val_loss": summary["final_full_val"]["val_loss"],
-               "vcycle_test": next(iter(summary["final_test"].values())),
-               "vcycle_downstream": _downstream(run, config["task"])}
+        row = {"experiment": config["experiment"], "method": summary["kind"], "task": config["task"], "run": run.name,
+               "seed": config["seed"], **_variant(summary["kind"], config),
+               "method_full_val_loss": summary["final_full_val"]["val_loss"],
+               "method_test": next(iter(summary["final_test"].values())),
+               "method_downstream": _downstream(run, config["task"])}
         if base is not None:
             c = compare_runs(base, run)
             b = json.loads((base / "summary.json").read_text())
@@ -77,10 +95,10 @@ def collect(results: str | Path = "results") -> pd.DataFrame:
                         "baseline_test": next(iter(b["final_test"].values())),
                         "target_val_loss": c["target_val_loss"], "baseline_flops": c["baseline_flops"],
                         "baseline_total_flops": c["baseline_total_flops"],
-                        "vcycle_total_flops": c["vcycle_total_flops"], "reached": c["reached"],
-                        "vcycle_flops": c.get("vcycle_flops"), "flops_saving_pct": c.get("flops_saving_pct"),
+                        "method_total_flops": c["method_total_flops"], "reached": c["reached"],
+                        "method_flops": c.get("method_flops"), "flops_saving_pct": c.get("flops_saving_pct"),
                         "wall_saving_pct": c.get("wall_saving_pct"),
-                        "final_val_loss_gap": c["vcycle_final_val_loss"] - c["target_val_loss"],
+                        "final_val_loss_gap": c["method_final_val_loss"] - c["target_val_loss"],
                         "baseline_downstream": _downstream(base, config["task"]),
                         "reached_acc": c.get("reached_acc"), "acc_flops_saving_pct": c.get("acc_flops_saving_pct")})
         rows.append(row)
@@ -91,44 +109,44 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
     """Mean and spread over seeds for each experiment x variant."""
     if df.empty:
         return df
-    keys = ["experiment", "levels", "scheme", "alpha", "optimizer", "budget"]
+    keys = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget"]
     df = df.copy()
-    for c in ("vcycle_downstream", "baseline_downstream", "acc_flops_saving_pct", "reached_acc"):
+    for c in ("method_downstream", "baseline_downstream", "acc_flops_saving_pct", "reached_acc"):
         if c not in df:
             df[c] = None
-    df[["vcycle_downstream", "baseline_downstream", "acc_flops_saving_pct"]] = \
-        df[["vcycle_downstream", "baseline_downstream", "acc_flops_saving_pct"]].astype(float)
+    df[["method_downstream", "baseline_downstream", "acc_flops_saving_pct"]] = \
+        df[["method_downstream", "baseline_downstream", "acc_flops_saving_pct"]].astype(float)
     g = df.groupby(keys, dropna=False)
     out = g.agg(seeds=("seed", "nunique"), reached=("reached", "sum"),
                 flops_saving_pct=("flops_saving_pct", "mean"), flops_saving_std=("flops_saving_pct", "std"),
                 wall_saving_pct=("wall_saving_pct", "mean"),
                 final_val_loss_gap=("final_val_loss_gap", "mean"), final_val_loss_gap_std=("final_val_loss_gap", "std"),
-                task=("task", "first"), vcycle_downstream=("vcycle_downstream", "mean"),
-                baseline_downstream=("baseline_downstream", "mean"), downstream_runs=("vcycle_downstream", "count"),
+                task=("task", "first"), method_downstream=("method_downstream", "mean"),
+                baseline_downstream=("baseline_downstream", "mean"), downstream_runs=("method_downstream", "count"),
                 acc_flops_saving_pct=("acc_flops_saving_pct", "mean"), reached_acc=("reached_acc", "sum"),
-                baseline_flops=("baseline_flops", "mean"), vcycle_flops_to_target=("vcycle_flops", "mean"),
-                vcycle_total_flops=("vcycle_total_flops", "mean"))
-    out["vcycle_flops_over_baseline"] = out["vcycle_total_flops"] / g["baseline_total_flops"].mean()
+                baseline_flops=("baseline_flops", "mean"), method_flops_to_target=("method_flops", "mean"),
+                method_total_flops=("method_total_flops", "mean"))
+    out["method_flops_over_baseline"] = out["method_total_flops"] / g["baseline_total_flops"].mean()
     return out.reset_index()
 
 
 def markdown(table: pd.DataFrame) -> str:
     if table.empty:
-        return "_No V-cycle runs in results/ yet._"
-    cols = ["experiment", "levels", "scheme", "alpha", "optimizer", "budget", "seeds", "reached", "flops_saving_pct",
-            "wall_saving_pct", "vcycle_flops_over_baseline", "final_val_loss_gap", "downstream"]
+        return "_No method runs in results/ yet._"
+    cols = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget", "seeds", "reached", "flops_saving_pct",
+            "wall_saving_pct", "method_flops_over_baseline", "final_val_loss_gap", "downstream"]
     t = table.copy()
     for c in ("flops_saving_pct", "wall_saving_pct"):
         t[c] = t[c].map(lambda x: "not reached" if pd.isna(x) else f"{x:.1f}")
     t["reached"] = [f"{int(r)}/{int(s)}" for r, s in zip(table["reached"], table["seeds"])]
-    t["vcycle_flops_over_baseline"] = t["vcycle_flops_over_baseline"].map(lambda x: f"{x:.2f}")
+    t["method_flops_over_baseline"] = t["method_flops_over_baseline"].map(lambda x: f"{x:.2f}")
     t["final_val_loss_gap"] = [f"{m:+.3f}" + ("" if pd.isna(sd) else f" ± {sd:.3f}")
                                for m, sd in zip(table["final_val_loss_gap"], table["final_val_loss_gap_std"])]
     t["downstream"] = [_downstream_cell(r) for r in table.itertuples(index=False)]
     t = t[cols].rename(columns={"flops_saving_pct": "FLOPs saving %", "wall_saving_pct": "wall saving %",
-                                "vcycle_flops_over_baseline": "total FLOPs / baseline",
+                                "method_flops_over_baseline": "total FLOPs / baseline",
                                 "final_val_loss_gap": "final val loss - baseline",
-                                "downstream": "downstream: V-cycle vs baseline"})
+                                "downstream": "downstream: method vs baseline"})
     header = "| " + " | ".join(t.columns) + " |\n|" + "---|" * len(t.columns) + "\n"
     return header + "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in t.itertuples(index=False))
 
@@ -137,10 +155,10 @@ def paper_style(table: pd.DataFrame) -> pd.DataFrame:
     """Our variants in the paper's table layout (measured), followed by the paper's reported rows."""
     ours = pd.DataFrame({
         "model": table.experiment, "levels": table.levels, "alpha": table.alpha,
-        "variant": table.scheme + ", optimizer " + table.optimizer + ", budget " + table.budget,
+        "variant": table.method + ": " + table.scheme + ", optimizer " + table.optimizer + ", budget " + table.budget,
         "seeds": table.seeds, "baseline FLOPs": table.baseline_flops.map("{:.3g}".format),
-        "V-cycle FLOPs": [_vcycle_flops_cell(*r) for r in zip(table.vcycle_flops_to_target, table.reached,
-                                                                table.seeds, table.vcycle_total_flops)],
+        "method FLOPs": [_method_flops_cell(*r) for r in zip(table.method_flops_to_target, table.reached,
+                                                                table.seeds, table.method_total_flops)],
         "FLOPs saving %": table.flops_saving_pct.round(1), "wall saving %": table.wall_saving_pct.round(1),
         "final metric vs baseline": [_downstream_cell(r) for r in table.itertuples(index=False)],
         "source": "ours (measured, tiny, CPU)"})
@@ -149,19 +167,19 @@ def paper_style(table: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([ours, paper], ignore_index=True)
 
 
-def _vcycle_flops_cell(to_target: float, reached: int, seeds: int, total: float) -> str:
+def _method_flops_cell(to_target: float, reached: int, seeds: int, total: float) -> str:
     if reached == 0:
         return f"not reached by {total:.3g}"
     return f"{to_target:.3g}" + ("" if reached == seeds else f" ({int(reached)}/{int(seeds)} seeds)")
 
 
 def _downstream_cell(row) -> str:
-    if pd.isna(row.vcycle_downstream) or pd.isna(row.baseline_downstream):
+    if pd.isna(row.method_downstream) or pd.isna(row.baseline_downstream):
         return "-"
-    name = DOWNSTREAM[row.task][1]
-    fmt = "{:.1f}" if DOWNSTREAM[row.task][0] == "perplexity" else "{:.3f}"
-    cell = f"{name} {fmt.format(row.vcycle_downstream)} vs {fmt.format(row.baseline_downstream)}"
-    if row.task == "image_cls":
+    key, name = task_of(row.task).downstream
+    fmt = "{:.1f}" if key == "perplexity" else "{:.3f}"
+    cell = f"{name} {fmt.format(row.method_downstream)} vs {fmt.format(row.baseline_downstream)}"
+    if task_of(row.task).accuracy:
         cell += "; val-acc target " + ("not reached" if pd.isna(row.acc_flops_saving_pct) else
                                        f"reached {int(row.reached_acc)}/{int(row.seeds)}, "
                                        f"{row.acc_flops_saving_pct:.1f}% FLOPs saving")

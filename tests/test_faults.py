@@ -379,3 +379,16 @@ def test_ctrl_c_says_how_to_resume(tmp_path):
     assert err.strip().splitlines()[-1].startswith("mlresearch: interrupted; checkpoints are kept: continue with "
                                                    "`mlresearch train")
     assert "--resume`" in err
+
+
+def test_a_kill_right_after_a_trigger_ended_a_stage_resumes_to_the_same_rows(tmp_path):
+    triggered = ["--set", "train.eval_every=1", "--set", "staged.trigger=true", "--set", "staged.thresholds=[-100.0]"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert cli("run", SMOKE, "--method", "staged", "--out", whole, *DROPOUT, *triggered).returncode == 0
+    for fault in ("step:stage0:3", "step:stage1:2"):
+        resume = ["--resume"] if killed.exists() else []
+        r = cli("run", SMOKE, "--method", "staged", "--out", killed, *resume, *DROPOUT, *triggered, fault=fault)
+        assert r.returncode == -signal.SIGKILL, r.stderr
+    assert cli("run", SMOKE, "--method", "staged", "--out", killed, "--resume", *DROPOUT, *triggered).returncode == 0
+    assert untimed(killed) == untimed(whole)
+    assert [r["step"] for r in read_metrics(killed) if r.get("event") == "trigger"] == [3]

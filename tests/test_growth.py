@@ -304,6 +304,20 @@ def test_preserving_up_path_keeps_the_small_models_function(family):
         assert change <= 1e-5
     else:
         assert change > 1e-3
+        # What post-norm does keep: the width part exactly, and an identity block exactly while the
+        # LayerNorm before it has unit gain and zero bias (LN of an already normalised vector).
+        width = Scheme.halving(big, depth=None)
+        small_w = randomize(coalesce(big, width), 3)
+        ref_w = outputs(small_w, x)
+        assert ((ref_w - outputs(decoalesce_preserving(small_w, None, width)[0], x)).abs().max()
+                / ref_w.abs().max()).item() <= 1e-5
+        with torch.no_grad():
+            for name, p in small.named_parameters():
+                if "LayerNorm" in name and "output" in name:
+                    p.fill_(1.0 if name.endswith("weight") else 0.0)
+        ref = outputs(small, x)
+        got = outputs(decoalesce_preserving(small, None, scheme)[0], x)
+        assert ((ref - got).abs().max() / ref.abs().max()).item() <= 1e-5
 
 
 def test_stacking_copies_the_whole_layer_stack():

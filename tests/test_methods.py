@@ -159,3 +159,65 @@ def test_identity_up_path_starts_the_up_phase_at_the_small_models_loss(tmp_path)
     (event,) = [r for r in read_metrics(tmp_path / "vc") if r.get("event") == "interpolated"]
     small_last = [r for r in read_metrics(tmp_path / "vc") if r.get("phase") == "small" and "val_loss" in r][-1]
     assert event["decoalesced_val_loss"] == pytest.approx(small_last["val_loss"], abs=1e-5)
+
+
+TRIGGERED = ("train.eval_every=1", "staged.trigger=true", "staged.thresholds=[-100.0]")  # fires at its 3rd point
+
+
+def test_a_trigger_grows_early_and_the_schedule_reenters_where_the_stage_ended(tmp_path):
+    from mlresearch.training.schedules import CONSTANT_OP
+
+    cfg = smoke("gpt2", *TRIGGERED)
+    summary = run_method(cfg, "staged", tmp_path / "st")
+    rows = read_metrics(tmp_path / "st")
+    (fired,) = [r for r in rows if r.get("event") == "trigger"]
+    assert (fired["phase"], fired["step"], fired["of_steps"], fired["threshold"]) == ("stage0", 3, 6, -100.0)
+    evals = [r for r in rows if r.get("phase") == "stage0" and "val_loss" in r]
+    assert [r["step"] for r in evals] == [1, 2, 3]
+    assert evals[0]["loglog_slope"] is None and fired["loglog_slope"] == evals[-1]["loglog_slope"] < 0
+    start = round(3 / CONSTANT_OP["width"])  # S_r from where stage 0 ended, not from its cap of 6
+    ends = [(r["phase"], r["steps"]) for r in rows if r.get("event") == "phase_end"]
+    assert ends == [("stage0", 3), ("stage1", cfg.train.steps - start)]
+    # The ledger charges the steps actually trained, at each stage's model's FLOPs per step.
+    per_step = {p["phase"]: p["flops"] / p["steps"] for p in planned_ledger(cfg, "staged")["phases"]}
+    assert summary["flops_total"] == pytest.approx(per_step["stage0"] * 3 + per_step["stage1"] * (12 - start),
+                                                   rel=1e-12)
+    # The plan says what it assumes.
+    assert "trigger ends early" in methods.format_plan(cfg, "staged")
+
+
+def test_searched_alpha_is_chosen_on_the_tuning_split_and_charged_to_the_ledger(tmp_path):
+    from mlresearch.training.flops import eval_flops_per_example
+
+    cfg = smoke("gpt2", "data.tune_fraction=0.1", "vcycle.alpha=search", "vcycle.search_batches=2")
+    summary = run_method(cfg, "vcycle", tmp_path / "vc")
+    rows = read_metrics(tmp_path / "vc")
+    (search,) = [r for r in rows if r.get("event") == "alpha_search"]
+    grid = dict((a, s) for a, s in search["grid"])
+    assert list(grid) == cfg.vcycle.alpha_grid and search["alpha"] == min(grid, key=grid.get)
+    assert search["examples"] == 5 * 2 * cfg.train.batch_size
+    # Independently: the merged model at the chosen alpha scores what the search logged, on the tuning split.
+    from mlresearch.data.datasets import load_data
+    from mlresearch.training.engine import evaluate
+    from mlresearch.training.models import data_settings
+
+    data = load_data(cfg.task, data_settings(cfg), cfg.seed)
+    ck = tmp_path / "vc" / "checkpoints"
+    merged = load_model(ck / "merged1")
+    assert evaluate(merged, data, cfg, "tune", 2)["tune_loss"] == pytest.approx(grid[search["alpha"]], abs=1e-5)
+    # Its cost is in the plan and in the ledger, once.
+    assert search["flops"] == 5 * 2 * cfg.train.batch_size * eval_flops_per_example(merged, cfg.data.seq_len)
+    plan = planned_ledger(cfg, "vcycle")
+    assert summary["flops_total"] == pytest.approx(plan["flops"], rel=1e-12)
+    assert plan["flops"] == pytest.approx(sum(p["flops"] for p in plan["phases"]) + search["flops"], rel=1e-12)
+    # The tuning documents are held out of training and of validation: the target's batches never choose.
+    assert data.info["split_documents"][3] == round(0.1 * sum(data.info["split_documents"]))
+
+
+def test_searched_alpha_needs_a_tuning_split(tmp_path):
+    with pytest.raises(ConfigError, match="set data.tune_fraction > 0"):
+        smoke("gpt2", "vcycle.alpha=search")
+    cfg = smoke("gpt2", "data.tune_fraction=0.02", "vcycle.alpha=search", "vcycle.search_batches=50")
+    with pytest.raises(ConfigError, match="the tuning split has"):
+        run_method(cfg, "vcycle", tmp_path / "vc")
+    assert not (tmp_path / "vc" / "metrics.jsonl").exists()  # refused before anything was written

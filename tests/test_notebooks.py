@@ -1,5 +1,6 @@
-"""Notebooks run top to bottom against the committed results (no training inside), and the numbers
-they show equal ones recomputed here from the runs' metrics files alone."""
+"""Notebooks run top to bottom against the committed results (no training inside); they are
+committed with their outputs, which must equal a fresh execution's, and the numbers they show equal
+ones recomputed here from the runs' metrics files alone."""
 
 from __future__ import annotations
 
@@ -33,9 +34,28 @@ def recomputed_saving(experiment: str, run: str, seed: int) -> float | None:
     return None if hit is None else 100 * (1 - hit["flops"] / first_base["flops"])
 
 
+def text_outputs(nb) -> list[list[str]]:
+    """Per code cell, what it printed and the plain-text form of what it displayed (figures aside)."""
+    cells = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        shown = []
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream":
+                shown.append(o["text"])
+            elif "text/plain" in o.get("data", {}) and "image/png" not in o["data"]:
+                shown.append(o["data"]["text/plain"])
+        cells.append(shown)
+    return cells
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_executes_and_shows_the_results(path):
     nb = nbformat.read(path, as_version=4)
+    committed = text_outputs(nb)
+    assert any(committed), f"{path.name} is committed without outputs: run python experiments/run_notebooks.py"
+    assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     shows_runs = any("runs = study.collect" in c.source for c in nb.cells if c.cell_type == "code")
     if shows_runs:
         nb.cells.append(nbformat.v4.new_code_cell(DUMP))
@@ -43,11 +63,16 @@ def test_notebook_executes_and_shows_the_results(path):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert [o for o in outputs if "image/png" in o.get("data", {})], "the notebook should show figures"
+    fresh = text_outputs(nb)[:len(committed)]  # (the dump cell appended here is not committed)
+    assert fresh == committed, (f"{path.name}: its committed outputs disagree with results/ now; "
+                                "run python experiments/run_notebooks.py")
     if not shows_runs:
         return
     (dump,) = [o["text"] for o in outputs if o.get("name") == "stdout" and o["text"].startswith("RUNS-JSON")]
     shown = json.loads(dump.split(" ", 1)[1])
-    assert len(shown) == len(list((REPO / "results").glob("*/vcycle-*/summary.json"))) > 0
+    only_vcycle = any('runs.method == "vcycle"' in c.source for c in nb.cells if c.cell_type == "code")
+    kinds = [json.loads(p.read_text()).get("kind") for p in (REPO / "results").glob("*/*/summary.json")]
+    assert len(shown) == len([k for k in kinds if (k == "vcycle" if only_vcycle else k not in ("baseline", None))]) > 0
     for row in shown:
         expected = recomputed_saving(row["experiment"], row["run"], row["seed"])
         assert bool(row["reached"]) == (expected is not None), row

@@ -16,13 +16,14 @@ from conftest import smoke, write_run
 from models import FACTORIES, example_input, loss_of
 
 from mlresearch.checkpoint import load_model
+from mlresearch.families import family_of
 from mlresearch.operators import Scheme, decoalesce, interpolate
 from mlresearch.training import engine
 from mlresearch.training.compare import compare_runs
 from mlresearch.training.config import ConfigError, load_config, parse_config
 from mlresearch.training.engine import read_metrics
 from mlresearch.training.flops import planned_ledger, train_flops_per_example
-from mlresearch.training.vcycle import run_baseline, run_vcycle
+from mlresearch.training.vcycle import run_baseline, run_method, run_vcycle
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "experiments" / "configs"
@@ -158,8 +159,10 @@ def test_two_process_run_matches_one_process(tmp_path):
     one = _cli(["train", config, "--out", str(tmp_path / "one"), "--set", "train.steps=6", "--set", "vcycle=null"])
     assert one.returncode == 0, one.stderr[-2000:]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    # Two processes, each accumulating its 4 examples in 2 micro-batches (gradients synchronised once a step).
     two = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29533", "-m", "mlresearch.cli", "train",
-                          config, "--out", str(tmp_path / "two"), "--set", "train.steps=6", "--set", "vcycle=null"],
+                          config, "--out", str(tmp_path / "two"), "--set", "train.steps=6", "--set", "vcycle=null",
+                          "--set", "train.micro_batch_size=2"],
                          env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
     a = [r for r in read_metrics(tmp_path / "one") if "train_loss" in r]
@@ -235,8 +238,13 @@ def test_config_errors_name_the_problem(change, message):
 def test_masking_and_splits():
     from mlresearch.data.datasets import load_data, make_batch, split_indices
 
-    tr, va, te = split_indices(100, 0, 0.1, 0.1)
+    tr, va, te, tu = split_indices(100, 0, 0.1, 0.1)
     assert len(set(tr) | set(va) | set(te)) == 100 and not (set(tr) & set(va)) and not (set(va) & set(te))
+    assert len(tu) == 0
+    # A tuning split is cut from what was training data: validation and test stay exactly as they were.
+    tr2, va2, te2, tu2 = split_indices(100, 0, 0.1, 0.1, 0.05)
+    assert list(va2) == list(va) and list(te2) == list(te) and len(tu2) == 5
+    assert sorted(tr2.tolist() + tu2.tolist()) == sorted(tr.tolist())
     cfg = smoke("bert")
     from dataclasses import asdict
 
@@ -266,7 +274,7 @@ def test_compare_reads_the_first_point_that_reaches_the_target(tmp_path):
         {"phase": "up1", "step": 3, "val_loss": 1.8, "flops": 270.0, "wall": 30.0}])
     c = compare_runs(tmp_path / "b", tmp_path / "v")
     assert c["target_val_loss"] == 2.0 and c["baseline_flops"] == 300.0  # first reached at its step 3
-    assert c["vcycle_flops"] == 210.0  # the small model's 1.0 does not count: it is not the full model
+    assert c["method_flops"] == 210.0  # the small model's 1.0 does not count: it is not the full model
     assert c["flops_saving_pct"] == pytest.approx(30.0)
     assert c["wall_saving_pct"] == pytest.approx(20.0)
 
@@ -305,6 +313,84 @@ def test_bf16_and_gradient_checkpointing_run(tmp_path):
     assert a[0] != b[0]  # bf16 autocast really ran (its rounding shows in the first loss) ...
     assert abs(a[0] - b[0]) < 0.02 and abs(a[-1] - b[-1]) < 0.1  # ... and trains the same model to within its precision
     assert abs(fp32["final_full_val"]["val_loss"] - bf16["final_full_val"]["val_loss"]) < 0.1
+
+
+def test_gradient_accumulation_trains_the_same_model_and_counts_flops_once(tmp_path):
+    whole = run_baseline(smoke("gpt2", "vcycle=null"), tmp_path / "whole")
+    micro = run_baseline(smoke("gpt2", "vcycle=null", "train.micro_batch_size=2"), tmp_path / "micro")
+    a = [r for r in read_metrics(tmp_path / "whole") if "train_loss" in r]
+    b = [r for r in read_metrics(tmp_path / "micro") if "train_loss" in r]
+    assert [(r["step"], r["flops"], r["tokens"]) for r in a] == [(r["step"], r["flops"], r["tokens"]) for r in b]
+    for x, y in zip(a, b):  # 4 micro-batches of 2 = the batch of 8, up to float summation order
+        assert abs(x["train_loss"] - y["train_loss"]) <= 1e-5
+    assert whole["flops_total"] == micro["flops_total"]
+    assert abs(whole["final_full_val"]["val_loss"] - micro["final_full_val"]["val_loss"]) <= 1e-4
+    with pytest.raises(ConfigError, match="micro_batch_size 3 does not divide train.batch_size 8"):
+        smoke("gpt2", "train.micro_batch_size=3")
+
+
+def test_the_host_waits_for_the_device_only_on_steps_that_log(tmp_path, monkeypatch):
+    import accelerate
+
+    synced, real = [], accelerate.Accelerator.reduce
+
+    def counting(self, tensor, *a, **kw):
+        synced.append(tensor.dtype)
+        return real(self, tensor, *a, **kw)
+
+    monkeypatch.setattr(accelerate.Accelerator, "reduce", counting)
+    cfg = smoke("gpt2", "vcycle=null", "train.log_every=5", "train.eval_every=12", "train.checkpoint_every=12")
+    run_baseline(cfg, tmp_path / "run")
+    assert len(synced) == 2 * 3  # steps 5, 10 and 12: the loss and the first non-finite step, nothing between
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if "train_loss" in r] == [5, 10, 12]
+
+
+def test_a_nan_between_logged_steps_is_reported_at_its_own_step(tmp_path, monkeypatch):
+    from mlresearch.training import engine
+    from mlresearch.training.engine import TrainingDiverged
+
+    real, calls = engine.compute_loss, {"n": 0}
+
+    def poisoned(model, batch, task):
+        loss, right = real(model, batch, task)
+        if model.training:
+            calls["n"] += 1
+            if calls["n"] == 7:
+                loss = loss * float("nan")
+        return loss, right
+
+    monkeypatch.setattr(engine, "compute_loss", poisoned)
+    cfg = smoke("gpt2", "vcycle=null", "train.log_every=5", "train.checkpoint_every=5", "train.eval_every=12")
+    with pytest.raises(TrainingDiverged, match=r"loss is nan in phase baseline at step 7; .*\(step 5\)"):
+        run_baseline(cfg, tmp_path / "run")
+    assert calls["n"] == 10  # found when step 10 synchronised, not before
+
+
+def test_mfu_is_model_flops_per_second_over_the_peak(tmp_path):
+    run_baseline(smoke("gpt2", "vcycle=null", "train.peak_tflops=0.001", "train.log_every=3"), tmp_path / "run")
+    rows = [r for r in read_metrics(tmp_path / "run") if "train_loss" in r]
+    assert [r["step"] for r in rows] == [3, 4, 6, 8, 9, 12]  # logged every 3, evaluated every 4
+    for before, row in zip(rows, rows[1:]):
+        assert row["mfu"] == pytest.approx((row["flops"] - before["flops"]) / (row["wall"] - before["wall"]) / 1e9)
+    run_baseline(smoke("gpt2", "vcycle=null"), tmp_path / "cpu")  # no peak known for a CPU: no MFU column
+    assert not any("mfu" in r for r in read_metrics(tmp_path / "cpu"))
+
+
+@pytest.mark.parametrize("family", sorted(FACTORIES))
+def test_every_family_trains_with_fused_attention(family):
+    model = FACTORIES[family]()
+    assert family_of(model).attention_kernel(model) == "sdpa"
+    fam = family_of(model)
+    if hasattr(model, "config"):  # a transformers model the runner builds asks for it explicitly
+        assert fam.attention_kernel(fam.new(fam.sizes(model), vocab_size=97)) == "sdpa"
+
+
+def test_compiled_model_trains_like_the_eager_one(tmp_path):
+    eager = run_baseline(smoke("gpt2", "vcycle=null", "train.steps=4"), tmp_path / "eager")
+    compiled = run_baseline(smoke("gpt2", "vcycle=null", "train.steps=4", "train.compile=eager"), tmp_path / "compiled")
+    assert abs(eager["final_full_val"]["val_loss"] - compiled["final_full_val"]["val_loss"]) <= 1e-5
+    with pytest.raises(ConfigError, match="train.compile must be"):
+        smoke("gpt2", "train.compile=3")
 
 
 def test_local_text_dataset_path(tmp_path):
@@ -368,14 +454,18 @@ def test_study_tables_and_readme_section(tmp_path):
         cfg = smoke("gpt2", f"seed={seed}")
         run_baseline(cfg, results / "gpt2_smoke" / f"baseline-seed{seed}")
         run_vcycle(cfg, results / "gpt2_smoke" / f"vcycle-seed{seed}")
+    for method in ("staged", "small"):  # every method's runs sit beside the V-cycle's in the tables
+        run_method(smoke("gpt2"), method, results / "gpt2_smoke" / f"{method}-seed0")
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n{README_START}\nold\n{README_END}\nafter\n")
     table = write_tables(results, readme)
-    assert len(table) == 1 and table.seeds.iloc[0] == 2
+    assert sorted(zip(table.method, table.seeds)) == [("small", 1), ("staged", 1), ("vcycle", 2)]
     runs = __import__("pandas").read_csv(results / "tables" / "runs.csv")
-    assert len(runs) == 2 and set(runs.seed) == {0, 1}
+    assert len(runs) == 4 and sorted(runs.run) == ["small-seed0", "staged-seed0", "vcycle-seed0", "vcycle-seed1"]
     for _, r in runs.iterrows():  # every row is the compare of that seed's pair
-        c = compare_runs(results / "gpt2_smoke" / f"baseline-seed{r.seed}", results / "gpt2_smoke" / f"vcycle-seed{r.seed}")
+        c = compare_runs(results / "gpt2_smoke" / f"baseline-seed{r.seed}", results / "gpt2_smoke" / r.run)
         assert r.baseline_flops == c["baseline_flops"] and bool(r.reached) == c["reached"]
+        assert r.method_total_flops == c["method_total_flops"] and r.method == c["method"]
     text = readme.read_text()
-    assert "old" not in text and "| gpt2_smoke | 2 | halving |" in text and text.endswith("after\n")
+    assert "old" not in text and "| gpt2_smoke | vcycle | 2 | halving |" in text and text.endswith("after\n")
+    assert "| gpt2_smoke | staged | 2 | grow width |" in text

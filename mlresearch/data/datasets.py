@@ -12,8 +12,6 @@ uninterrupted one would.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -48,15 +46,24 @@ class Data:
     vocab_size: int = 0
     special: dict[str, int] = field(default_factory=dict)
     info: dict = field(default_factory=dict)
+    tune: np.ndarray | None = None  # held out for choices a method makes (searched alpha), never the target's
+    tune_labels: np.ndarray | None = None
 
     def split(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        if name == "tune" and self.tune is None:
+            raise DataError("this run has no tuning split: set data.tune_fraction > 0 (documents held out of training "
+                            "for the choices a method makes, apart from the validation split)")
         return getattr(self, name), getattr(self, f"{name}_labels")
 
 
-def split_indices(n: int, seed: int, val_fraction: float, test_fraction: float):
+def split_indices(n: int, seed: int, val_fraction: float, test_fraction: float, tune_fraction: float = 0.0):
+    """(train, val, test, tune) indices of ``n`` items by a seeded permutation. The tuning split is
+    cut after validation and test, so a run without one splits exactly as before it existed."""
     perm = np.random.default_rng(seed).permutation(n)
-    n_val, n_test = (max(1, int(round(n * f))) if f > 0 else 0 for f in (val_fraction, test_fraction))
-    return perm[n_val + n_test:], perm[:n_val], perm[n_val:n_val + n_test]
+    n_val, n_test, n_tune = (max(1, int(round(n * f))) if f > 0 else 0
+                             for f in (val_fraction, test_fraction, tune_fraction))
+    held = n_val + n_test + n_tune
+    return perm[held:], perm[:n_val], perm[n_val:n_val + n_test], perm[n_val + n_test:held]
 
 
 def _documents(cfg: dict) -> tuple[list[str], str, dict[str, range]]:
@@ -123,26 +130,6 @@ def _tokenizer(task: str, vocab_size: int, train_docs: list[str], key: str, gpt2
     return Tokenizer.from_file(str(path))
 
 
-def _blocks(tok, docs: list[str], seq_len: int, task: str, special: dict[str, int]) -> np.ndarray:
-    ids = []
-    for enc in tok.encode_batch(docs, add_special_tokens=False):
-        ids.extend(enc.ids)
-        if task == "causal_lm":
-            ids.append(special["eos"])
-        else:
-            ids.append(special["sep"])
-    body = seq_len if task == "causal_lm" else seq_len - 2
-    n = len(ids) // body
-    if n == 0:
-        raise DataError(f"a split has {len(ids)} tokens, fewer than one block of {body}")
-    arr = np.asarray(ids[: n * body], dtype=np.int64).reshape(n, body)
-    if task == "masked_lm":
-        cls = np.full((n, 1), special["cls"], dtype=np.int64)
-        sep = np.full((n, 1), special["sep"], dtype=np.int64)
-        arr = np.concatenate([cls, arr, sep], axis=1)
-    return arr
-
-
 @dataclass
 class TextSplit:
     """A text run's documents, its seeded document split and the tokenizer trained on its train split."""
@@ -156,45 +143,48 @@ class TextSplit:
     tokenizer: object
     special: dict[str, int]
     key: str
+    tune: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 def text_split(task: str, cfg: dict, seed: int) -> TextSplit:
+    """The documents, their split and the tokenizer of a text run (the tokenizer cache is the one
+    :func:`~mlresearch.data.prepare.prepare_text` fills, so both see the same tokenizer)."""
+    from .prepare import _fingerprint, document_dataset
+
     vocab = int(cfg.get("vocab_size", 8192))
     gpt2_vocab = cfg.get("tokenizer") == "gpt2"
     docs, source, spans = _documents(cfg)
     if len(docs) < 3:
         raise DataError(f"need at least 3 documents to split, got {len(docs)} from {source}")
-    fractions = (float(cfg.get("val_fraction", 0.05)), float(cfg.get("test_fraction", 0.05)))
-    key_data = json.dumps([task, source, len(docs), sum(map(len, docs)), vocab, gpt2_vocab, seed, fractions,
-                           int(cfg["seq_len"])])
-    key = hashlib.sha256(key_data.encode()).hexdigest()[:16]
-    train_i, val_i, test_i = split_indices(len(docs), seed, *fractions)
+    identity = document_dataset(cfg)[2] if cfg.get("path") else f"{source}:{len(docs)}:{sum(map(len, docs))}"
+    key = _fingerprint(cfg, task, seed, identity)
+    fractions = (float(cfg.get("val_fraction", 0.05)), float(cfg.get("test_fraction", 0.05)),
+                 float(cfg.get("tune_fraction") or 0.0))
+    train_i, val_i, test_i, tune_i = split_indices(len(docs), seed, *fractions)
     tok = _tokenizer(task, vocab, [docs[i] for i in train_i], key, gpt2_vocab)
     if task == "causal_lm":
         special = {"eos": tok.token_to_id("<|endoftext|>")}
     else:
         special = {k.strip("[]").lower(): tok.token_to_id(k) for k in SPECIAL[task]}
-    return TextSplit(docs, source, spans, train_i, val_i, test_i, tok, special, key)
+    return TextSplit(docs, source, spans, train_i, val_i, test_i, tok, special, key, tune_i)
 
 
 def load_text(task: str, cfg: dict, seed: int) -> Data:
+    """A text run's splits as blocks read from prepared token files (prepared on first use; for a
+    large corpus prepare it beforehand, in parallel: ``mlresearch data prepare CONFIG --num-proc N``)."""
+    from .prepare import is_prepared, open_prepared, prepare_text, prepared_dir
+
     seq_len = int(cfg["seq_len"])
-    ts = text_split(task, cfg, seed)
-    cached = cache_dir() / f"blocks-{ts.key}.npz"
-    if cached.exists():
-        arrays = dict(np.load(cached))
-    else:
-        arrays = {name: _blocks(ts.tokenizer, [ts.docs[i] for i in idx], seq_len, task, ts.special)
-                  for name, idx in (("train", ts.train), ("val", ts.val), ("test", ts.test))}
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.npz")
-        np.savez(tmp, **arrays)
-        tmp.replace(cached)
-    info = {"source": ts.source, "documents": len(ts.docs),
-            "split_documents": [len(ts.train), len(ts.val), len(ts.test)],
-            "blocks": {k: int(v.shape[0]) for k, v in arrays.items()}, "seq_len": seq_len}
-    return Data(task, arrays["train"], arrays["val"], arrays["test"], vocab_size=ts.tokenizer.get_vocab_size(),
-                special=ts.special, info=info)
+    path = prepared_dir(task, cfg, seed)
+    if not is_prepared(path):
+        prepare_text(task, cfg, seed, num_proc=int(cfg.get("num_proc") or 1), out=path)
+    blocks, vocab, special, index = open_prepared(path, task, seq_len)
+    info = {"source": index["source"], "documents": sum(s["documents"] for s in index["splits"].values()),
+            "split_documents": [index["splits"][k]["documents"] for k in ("train", "val", "test", "tune")
+                                if k in index["splits"]],
+            "blocks": {k: len(v) for k, v in blocks.items()}, "seq_len": seq_len}
+    return Data(task, blocks["train"], blocks["val"], blocks["test"], vocab_size=vocab, special=special, info=info,
+                tune=blocks.get("tune"))
 
 
 class LazyImages:
@@ -236,20 +226,22 @@ def load_image_folder(cfg: dict, seed: int, size: int) -> Data:
     if not p.is_dir():
         raise DataError(f"image folder {p} does not exist (paper presets need the data on disk)")
     ds = datasets.load_dataset("imagefolder", data_dir=str(p))
+    tune = float(cfg.get("tune_fraction") or 0.0)
     train = ds["train"]
     labels = np.asarray(train["label"], np.int64)
     if "validation" in ds or "test" in ds:
         test = ds["validation"] if "validation" in ds else ds["test"]
-        tr, va, _ = split_indices(len(train), seed, float(cfg.get("val_fraction", 0.05)), 0.0)
+        tr, va, _, tu = split_indices(len(train), seed, float(cfg.get("val_fraction", 0.05)), 0.0, tune)
         test_rows, test_labels = np.arange(len(test)), np.asarray(test["label"], np.int64)
     else:
-        tr, va, te = split_indices(len(train), seed, float(cfg.get("val_fraction", 0.05)),
-                                   float(cfg.get("test_fraction", 0.05)))
+        tr, va, te, tu = split_indices(len(train), seed, float(cfg.get("val_fraction", 0.05)),
+                                       float(cfg.get("test_fraction", 0.05)), tune)
         test, test_rows, test_labels = train, te, labels[te]
-    info = {"source": f"imagefolder:{p}", "images": [len(tr), len(va), len(test_rows)],
+    info = {"source": f"imagefolder:{p}", "images": [len(tr), len(va), len(test_rows)] + ([len(tu)] if len(tu) else []),
             "classes": len(train.features["label"].names)}
     return Data("image_cls", LazyImages(train, tr, size), LazyImages(train, va, size),
-                LazyImages(test, test_rows, size), labels[tr], labels[va], test_labels, info=info)
+                LazyImages(test, test_rows, size), labels[tr], labels[va], test_labels, info=info,
+                tune=LazyImages(train, tu, size) if len(tu) else None, tune_labels=labels[tu] if len(tu) else None)
 
 
 def load_images(cfg: dict, seed: int, size: int = 28) -> Data:
@@ -258,10 +250,12 @@ def load_images(cfg: dict, seed: int, size: int = 28) -> Data:
     if cfg.get("corpus", "mnist") not in ("mnist", ["mnist"]):
         raise DataError(f"unknown image corpus {cfg.get('corpus')!r}; known: mnist")
     x, y = corpora.mnist5k()
-    train_i, val_i, test_i = split_indices(len(x), seed, float(cfg.get("val_fraction", 0.1)),
-                                           float(cfg.get("test_fraction", 0.1)))
-    info = {"source": "mnist5k", "images": [len(train_i), len(val_i), len(test_i)]}
-    return Data("image_cls", x[train_i], x[val_i], x[test_i], y[train_i], y[val_i], y[test_i], info=info)
+    train_i, val_i, test_i, tune_i = split_indices(len(x), seed, float(cfg.get("val_fraction", 0.1)),
+                                                   float(cfg.get("test_fraction", 0.1)),
+                                                   float(cfg.get("tune_fraction") or 0.0))
+    info = {"source": "mnist5k", "images": [len(train_i), len(val_i), len(test_i)] + ([len(tune_i)] if len(tune_i) else [])}
+    return Data("image_cls", x[train_i], x[val_i], x[test_i], y[train_i], y[val_i], y[test_i], info=info,
+                tune=x[tune_i] if len(tune_i) else None, tune_labels=y[tune_i] if len(tune_i) else None)
 
 
 def load_data(task: str, cfg: dict, seed: int) -> Data:
@@ -277,20 +271,70 @@ def _epoch_perm(n: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
+PERMUTATION_TABLE_MAX = 1 << 20  # above this many examples an epoch's order is computed, not stored
+
+
 def batch_indices(n: int, batch: int, step: int, seed: int) -> np.ndarray:
-    """The examples of global batch ``step``: consecutive slices of per-epoch permutations."""
+    """The examples of global batch ``step``: consecutive slices of per-epoch permutations. Up to
+    :data:`PERMUTATION_TABLE_MAX` examples the permutation is a stored table; above it, a keyed
+    bijection computed per position (:func:`feistel_permutation`), so memory does not grow with
+    the corpus."""
     pos = step * batch + np.arange(batch)
-    return np.array([_epoch_perm(n, seed, int(p // n))[p % n] for p in pos])
+    if n <= PERMUTATION_TABLE_MAX:
+        return np.array([_epoch_perm(n, seed, int(p // n))[p % n] for p in pos])
+    out = np.empty(batch, dtype=np.int64)
+    epochs = pos // n
+    for epoch in np.unique(epochs):
+        at = epochs == epoch
+        out[at] = feistel_permutation(pos[at] % n, n, seed, int(epoch))
+    return out
 
 
-def make_batch(data: Data, split: str, idx: np.ndarray, step: int, seed: int, mask_prob: float = 0.15) -> dict:
-    """Model inputs for examples ``idx``; masked-LM masking is seeded by (seed, step)."""
-    x, y = data.split(split)
-    if data.task == "image_cls":
-        return {"x": torch.from_numpy(np.ascontiguousarray(x[idx])), "labels": torch.from_numpy(y[idx])}
-    ids = torch.from_numpy(x[idx])
-    if data.task == "causal_lm":
-        return {"input_ids": ids, "labels": ids}
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a well-spread 64-bit hash of each entry."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def feistel_permutation(positions: np.ndarray, n: int, seed: int, epoch: int, rounds: int = 4) -> np.ndarray:
+    """Where ``positions`` go under a pseudo-random permutation of ``range(n)`` keyed by (seed,
+    epoch): a balanced Feistel network on the smallest even number of bits covering ``n``, walked
+    until the result falls below ``n`` (a bijection of range(n); constant memory)."""
+    bits = max(2, int(n - 1).bit_length())
+    bits += bits % 2
+    half = np.uint64(bits // 2)
+    low = np.uint64((1 << (bits // 2)) - 1)
+    keys = _mix(np.arange(rounds, dtype=np.uint64) + _mix(np.array([seed * 1_000_003 + epoch], dtype=np.uint64)))
+
+    def once(x: np.ndarray) -> np.ndarray:
+        left, right = x >> half, x & low
+        with np.errstate(over="ignore"):
+            for k in keys:
+                left, right = right, left ^ (_mix(right + k) & low)
+        return (left << half) | right
+
+    x = np.asarray(positions, dtype=np.uint64)
+    out = once(x)
+    while (outside := out >= np.uint64(n)).any():  # cycle walking: at most a few rounds on average
+        out[outside] = once(out[outside])
+    return out.astype(np.int64)
+
+
+def make_batch(data: Data, split: str, idx: np.ndarray, step: int, seed: int) -> dict:
+    """Model inputs for examples ``idx`` of ``split``, as the run's task draws them."""
+    from ..tasks import task_of
+
+    return task_of(data.task).batch(data, split, idx, step, seed)
+
+
+def mask_tokens(ids: torch.Tensor, data: Data, step: int, seed: int, mask_prob: float = 0.15) -> dict:
+    """BERT's masking of token blocks ``ids``, seeded by (seed, step): 15% chosen, of those 80%
+    [MASK], 10% a random token, 10% kept; labels -100 elsewhere."""
     g = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(step))
     special = torch.zeros_like(ids, dtype=torch.bool)
     for k in ("cls", "sep", "pad"):

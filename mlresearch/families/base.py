@@ -109,6 +109,11 @@ class Family:
         """Run ``model`` once: (output, per-layer attention maps (B, H, T, T), real-token mask (B, T))."""
         raise NotImplementedError
 
+    def attention_kernel(self, model: nn.Module) -> str:
+        """How ``model`` computes attention in training: ``"sdpa"`` (PyTorch's fused
+        scaled_dot_product_attention, flash/memory-efficient kernels on a GPU) or another name."""
+        raise NotImplementedError
+
     def forward_flops(self, model: nn.Module, seq_len: int | None) -> dict[str, float]:
         """Forward matmul FLOPs of one example by part (see :mod:`mlresearch.training.flops`);
         language models here, image models override. Works on meta-device models."""
@@ -265,7 +270,11 @@ class HFFamily(Family):
         defaults = config_cls()  # keys this config does not know (BERT's kv heads) stay unset
         values = {key: getattr(sizes, field) for field, key in self.config_keys.items()
                   if field in ("layers", "heads", "hidden", "ffn") or getattr(defaults, key, None) is not None}
+        options = {"attn_implementation": "sdpa", **options}  # fused attention unless the config says otherwise
         return getattr(transformers, self.classes[0])(config_cls(**{**values, **options}))
+
+    def attention_kernel(self, model: nn.Module) -> str:
+        return model.config._attn_implementation
 
     def head_tied(self, model: nn.Module) -> bool:
         out, inp = model.get_output_embeddings(), model.get_input_embeddings()

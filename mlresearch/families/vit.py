@@ -115,6 +115,10 @@ class ViT(Family):
         kw = dict(embed_dim=sizes.hidden, depth=sizes.layers, num_heads=sizes.heads, mlp_ratio=sizes.ffn / sizes.hidden)
         return VisionTransformer(**kw, **options)
 
+    def attention_kernel(self, model: nn.Module) -> str:
+        """timm's attention calls scaled_dot_product_attention when ``fused_attn`` is set (its default)."""
+        return "sdpa" if all(block.attn.fused_attn for block in model.blocks) else "eager"
+
     def save(self, model: nn.Module, directory) -> None:
         from safetensors.torch import save_file
 

@@ -71,19 +71,19 @@ def compare_runs(baseline_dir: str | Path, vcycle_dir: str | Path) -> dict:
     out = {
         "method": method, "target_val_loss": target,
         "baseline_flops": b["flops"], "baseline_wall": b["wall"], "baseline_total_flops": base_evals[-1]["flops"],
-        "vcycle_final_val_loss": vc_last["val_loss"],
-        "vcycle_total_flops": vc_last["flops"], "vcycle_total_wall": vc_last["wall"],
+        "method_final_val_loss": vc_last["val_loss"],
+        "method_total_flops": vc_last["flops"], "method_total_wall": vc_last["wall"],
         "reached": v is not None,
     }
     if "val_acc" in base_evals[-1]:
         target_acc = base_evals[-1]["val_acc"]
         b_acc, v_acc = reach(base, target_acc, key="val_acc"), reach(vc, target_acc, final_phase, key="val_acc")
-        out.update(baseline_final_val_acc=target_acc, vcycle_final_val_acc=vc_last.get("val_acc"),
+        out.update(baseline_final_val_acc=target_acc, method_final_val_acc=vc_last.get("val_acc"),
                    reached_acc=v_acc is not None)
         if v_acc is not None:
             out["acc_flops_saving_pct"] = 100 * (1 - v_acc["flops"] / b_acc["flops"])
     if v is not None:
-        out.update(vcycle_flops=v["flops"], vcycle_wall=v["wall"],
+        out.update(method_flops=v["flops"], method_wall=v["wall"],
                    flops_saving_pct=100 * (1 - v["flops"] / b["flops"]),
                    wall_saving_pct=100 * (1 - v["wall"] / b["wall"]))
     return out
@@ -94,13 +94,13 @@ def format_comparison(c: dict) -> str:
     lines = [f"target (baseline final val loss): {c['target_val_loss']:.4f}",
              f"baseline: {c['baseline_flops']:.3e} FLOPs, {c['baseline_wall']:.1f} s"]
     if c["reached"]:
-        lines += [f"{name} reached it at {c['vcycle_flops']:.3e} FLOPs, {c['vcycle_wall']:.1f} s",
+        lines += [f"{name} reached it at {c['method_flops']:.3e} FLOPs, {c['method_wall']:.1f} s",
                   f"saving: {c['flops_saving_pct']:.1f}% FLOPs, {c['wall_saving_pct']:.1f}% wall time"]
     else:
-        lines += [f"{name} did NOT reach it: final val loss {c['vcycle_final_val_loss']:.4f} after "
-                  f"{c['vcycle_total_flops']:.3e} FLOPs ({c['vcycle_total_wall']:.1f} s)"]
+        lines += [f"{name} did NOT reach it: final val loss {c['method_final_val_loss']:.4f} after "
+                  f"{c['method_total_flops']:.3e} FLOPs ({c['method_total_wall']:.1f} s)"]
     if "baseline_final_val_acc" in c:
-        lines.append(f"val accuracy: baseline {c['baseline_final_val_acc']:.4f}, {name} {c['vcycle_final_val_acc']:.4f}"
+        lines.append(f"val accuracy: baseline {c['baseline_final_val_acc']:.4f}, {name} {c['method_final_val_acc']:.4f}"
                      + (f"; reached at {c['acc_flops_saving_pct']:.1f}% FLOPs saving" if c["reached_acc"] else
                         f"; {name} did NOT reach the baseline's final accuracy"))
     return "\n".join(lines)

@@ -16,8 +16,9 @@ from typing import Any
 import yaml
 
 from ..errors import MLResearchError
+from ..tasks import TASKS as _TASKS
 
-TASKS = ("causal_lm", "masked_lm", "image_cls")
+TASKS = tuple(_TASKS)
 
 
 class ConfigError(MLResearchError, ValueError):
@@ -45,8 +46,11 @@ class DataConfig:
     seq_len: int = 128
     val_fraction: float = 0.05
     test_fraction: float = 0.05
+    tune_fraction: float = 0.0  # documents held out for a method's own choices (searched alpha), not the target's
     max_documents: int | None = None  # use only the first N documents (smoke tests)
     img_size: int | None = None  # image side for image folders (default: the model's img_size)
+    prepared_dir: str | None = None  # text: where `mlresearch data prepare` wrote the token files (default: cache)
+    num_proc: int = 1  # text: tokenizing processes when a run prepares its data itself
 
 
 @dataclass
@@ -69,13 +73,18 @@ class TrainConfig:
     checkpoint_every: int = 100
     keep_snapshots: bool = False  # also keep the model at every checkpoint (for similarity over training)
     threads: int | None = None
+    micro_batch_size: int | None = None  # per process and forward pass (gradient accumulation); default: all of it
+    compile: Any = False  # torch.compile the model: true (inductor) or a backend name
+    peak_tflops: float | None = None  # per device, for the MFU column (default: known GPUs' dense bf16 peak)
 
 
 @dataclass
 class VCycleConfig:
     levels: int = 2
     scheme: str = "halving"  # halving | halving-stack | width-only | depth-only | similarity | a scheme JSON
-    alpha: Any = 0.25  # a number in [0, 1], or "adaptive" / "adaptive-row"
+    alpha: Any = 0.25  # a number in [0, 1], "adaptive" / "adaptive-row", or "search" (over alpha_grid)
+    alpha_grid: list = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])  # alpha: search tries these
+    search_batches: int = 4  # alpha: search scores each alpha on this many batches of the tuning split
     optimizer: str = "reset"  # reset (the paper) | carry (moments mapped by the growth operators)
     down_steps: list = field(default_factory=list)  # E_a for levels 1..K-1
     small_steps: int = 0  # the smallest model's steps
@@ -113,6 +122,8 @@ class StagedConfig:
     rewarmup: int = 0  # W_r
     constant_op: list | None = None  # S_small / S_large at equal loss per growth (default: the paper's)
     depth_where: str = "alternate"  # new blocks: alternate (2i+1) or append
+    trigger: bool = False  # grow when the loss curve says so (B.6); each stage's steps are then its most
+    thresholds: list | None = None  # the trigger's slope threshold per growth (default: the paper's)
     tag: str = ""
 
 
@@ -242,6 +253,15 @@ def validate(cfg: RunConfig) -> None:
         _positive(getattr(t, name), f"train.{name}")
     if t.threads is not None:
         _positive(t.threads, "train.threads")
+    if t.micro_batch_size is not None:
+        _positive(t.micro_batch_size, "train.micro_batch_size")
+        if t.batch_size % t.micro_batch_size:
+            raise ConfigError(f"train.micro_batch_size {t.micro_batch_size} does not divide train.batch_size "
+                              f"{t.batch_size} (the global batch is accumulated from whole micro-batches)")
+    if not (isinstance(t.compile, bool) or (isinstance(t.compile, str) and t.compile)):
+        raise ConfigError(f"train.compile must be true, false or a torch.compile backend name, got {t.compile!r}")
+    if t.peak_tflops is not None:
+        _number(t.peak_tflops, "train.peak_tflops", 0, low_open=True)
     if t.grad_clip is not None:
         _number(t.grad_clip, "train.grad_clip (null or 0 turns clipping off)", 0)
     _number(t.weight_decay, "train.weight_decay", 0)
@@ -281,13 +301,17 @@ def _validate_data(cfg: RunConfig) -> None:
         raise ConfigError(f"data.tokenizer must be 'train' or 'gpt2', got {d.tokenizer!r}")
     _number(d.val_fraction, "data.val_fraction", 0, 1, low_open=True, high_open=True)
     _number(d.test_fraction, "data.test_fraction", 0, 1, high_open=True)
-    if d.val_fraction + d.test_fraction >= 1:
-        raise ConfigError(f"data.val_fraction + data.test_fraction must leave documents to train on, got "
-                          f"{d.val_fraction} + {d.test_fraction}")
+    _number(d.tune_fraction, "data.tune_fraction", 0, 1, high_open=True)
+    if d.val_fraction + d.test_fraction + d.tune_fraction >= 1:
+        raise ConfigError(f"data.val_fraction + data.test_fraction + data.tune_fraction must leave documents to train "
+                          f"on, got {d.val_fraction} + {d.test_fraction} + {d.tune_fraction}")
+    _positive(d.num_proc, "data.num_proc")
+    if d.prepared_dir is not None and not isinstance(d.prepared_dir, str):
+        raise ConfigError(f"data.prepared_dir must be a path, got {d.prepared_dir!r}")
     for name in ("max_documents", "img_size"):
         if getattr(d, name) is not None:
             _positive(getattr(d, name), f"data.{name}")
-    if cfg.task != "image_cls":
+    if _TASKS[cfg.task].sequences:
         for key in ("n_positions", "max_position_embeddings"):  # the position table must cover a sequence
             n = cfg.model.options.get(key)
             if n is not None and (not isinstance(n, int) or n < d.seq_len):
@@ -312,6 +336,12 @@ def _validate_staged(cfg: RunConfig) -> None:
             raise ConfigError(f"staged.constant_op needs one entry per growth, got {st.constant_op!r}")
         for i, c in enumerate(st.constant_op):
             _number(c, f"staged.constant_op[{i}]", 0, low_open=True)
+    _flag(st.trigger, "staged.trigger")
+    if st.thresholds is not None:
+        if not isinstance(st.thresholds, list) or len(st.thresholds) != len(st.grow):
+            raise ConfigError(f"staged.thresholds needs one slope per growth ({len(st.grow)}), got {st.thresholds!r}")
+        for i, t in enumerate(st.thresholds):
+            _number(t, f"staged.thresholds[{i}]", float("-inf"), 0, high_open=True)
     if st.depth_where not in ("alternate", "append"):
         raise ConfigError(f"staged.depth_where must be 'alternate' or 'append', got {st.depth_where!r}")
     if not isinstance(st.tag, str) or (st.tag and not re.fullmatch(r"[A-Za-z0-9_.+-]+", st.tag)):
@@ -366,10 +396,19 @@ def _validate_vcycle(cfg: RunConfig) -> None:
         raise ConfigError(f"vcycle.optimizer must be 'reset' or 'carry', got {v.optimizer!r}")
     alpha = v.alpha
     if isinstance(alpha, str):
-        if alpha not in ("adaptive", "adaptive-row"):
-            raise ConfigError(f"vcycle.alpha must be a number in [0, 1], 'adaptive' or 'adaptive-row', got {alpha!r}")
+        if alpha not in ("adaptive", "adaptive-row", "search"):
+            raise ConfigError(f"vcycle.alpha must be a number in [0, 1], 'adaptive', 'adaptive-row' or 'search', "
+                              f"got {alpha!r}")
+        if alpha == "search" and not cfg.data.tune_fraction:
+            raise ConfigError("vcycle.alpha: search chooses alpha on a tuning split held out of training and of the "
+                              "validation split; set data.tune_fraction > 0 (e.g. 0.02)")
     elif isinstance(alpha, bool) or not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
         raise ConfigError(f"vcycle.alpha must lie in [0, 1], got {alpha!r}")
+    if not isinstance(v.alpha_grid, list) or not v.alpha_grid:
+        raise ConfigError(f"vcycle.alpha_grid must be a non-empty list of numbers in [0, 1], got {v.alpha_grid!r}")
+    for i, a in enumerate(v.alpha_grid):
+        _number(a, f"vcycle.alpha_grid[{i}]", 0, 1)
+    _positive(v.search_batches, "vcycle.search_batches")
     named = ("halving", "halving-stack", "width-only", "depth-only", "similarity")
     if v.scheme not in named and Path(v.scheme).suffix != ".json":
         raise ConfigError(f"vcycle.scheme must be one of {named} or a .json path, got {v.scheme!r}")

@@ -28,8 +28,9 @@ from ..checkpoint import (atomic_dir, atomic_write_text, load_model, load_state,
 from ..data.datasets import Data, batch_indices, make_batch
 from ..errors import MLResearchError
 from ..faults import fault_point
+from ..tasks import task_of
 from .config import RunConfig
-from .flops import train_flops_per_example
+from .flops import peak_flops, train_flops_per_example
 from .schedules import Offset, Restart, WarmupDecay
 
 
@@ -51,6 +52,7 @@ class Phase:
     horizon: int | None = None
     start: int = 0
     rewarmup: int = 0
+    trigger: float | None = None
 
     def schedule(self, kind: str, floor: float):
         base = WarmupDecay(self.warmup, self.horizon or self.steps, kind, floor)
@@ -153,11 +155,8 @@ def new_optimizer(model: nn.Module, cfg: RunConfig, lr: float) -> torch.optim.Op
 
 
 def compute_loss(model: nn.Module, batch: dict, task: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(mean loss, number of correct predictions for classification)."""
-    if task == "image_cls":
-        logits = model(batch["x"])
-        return nn.functional.cross_entropy(logits, batch["labels"]), (logits.argmax(-1) == batch["labels"]).sum()
-    return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss, None
+    """(mean loss, number of correct predictions where the task counts them)."""
+    return task_of(task).loss(model, batch)
 
 
 def evaluate(model: nn.Module, data: Data, cfg: RunConfig, split: str = "val", batches: int | None = None) -> dict:
@@ -179,7 +178,7 @@ def evaluate(model: nn.Module, data: Data, cfg: RunConfig, split: str = "val", b
             count += len(idx)
     model.train(was_training)
     out = {f"{split}_loss": total / count}
-    if data.task == "image_cls":
+    if task_of(data.task).accuracy:
         out[f"{split}_acc"] = correct / count
     return out
 
@@ -200,13 +199,28 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, ledger: Ledger, log_rows: int) -> None:
+def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, ledger: Ledger, log_rows: int,
+                    curve: list | None = None, ended: bool = False) -> None:
+    """``curve``: the (FLOPs, validation loss) points a trigger has seen; ``ended``: the phase
+    stopped here before its ``steps`` because the trigger fired."""
     with atomic_dir(path, overwrite=True) as tmp:
         save_model(model, tmp / "model")
         # The LR multipliers themselves are not state: the phase rebuilds them; only the position is kept.
         position = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
         save_state(tmp, {"optimizer": optimizer.state_dict(), "scheduler": position, "rng": _rng_state(),
-                         "step": step, "ledger": asdict(ledger), "log_rows": log_rows})
+                         "step": step, "ledger": asdict(ledger), "log_rows": log_rows, "curve": curve or [],
+                         "ended": ended})
+
+
+def trigger_check(curve: list, threshold: float) -> tuple[float | None, bool]:
+    """(the smoothed log-log slope at the newest point, whether the trigger has fired) for the
+    (FLOPs, loss) points of a phase so far (fewer than 3 points: no slope yet)."""
+    from .trigger import loglog_slope, trigger_index
+
+    if len(curve) < 3:
+        return None, False
+    compute, loss = zip(*curve)
+    return float(loglog_slope(compute, loss)[-1]), trigger_index(compute, loss, threshold) is not None
 
 
 def nonfinite_parameters(model: nn.Module) -> list[str]:
@@ -238,7 +252,7 @@ def train_phase(
         group["lr"] = group["initial_lr"] = phase.lr
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, phase.schedule(t.schedule, t.min_lr_ratio))
     ckpt = ckpt_dir / phase.name
-    start = 0
+    start, curve = 0, []
     if resume and state_exists(ckpt):
         state = load_state(ckpt)
         model.load_state_dict(load_model(ckpt / "model").state_dict())
@@ -246,6 +260,7 @@ def train_phase(
         scheduler.load_state_dict({"lr_lambdas": [None] * len(optimizer.param_groups), **state["scheduler"]})
         set_rng_state(state["rng"])
         start = state["step"]
+        curve = [list(p) for p in state.get("curve", [])]
         for k, v in state["ledger"].items():
             setattr(ledger, k, v)
         log.resume_at(state["log_rows"])
@@ -254,68 +269,120 @@ def train_phase(
     accelerator.free_memory()  # drop the previous phase's references
     model, optimizer = accelerator.prepare(model, optimizer)
     raw = accelerator.unwrap_model(model)
-    seq = data.train.shape[1] if data.task != "image_cls" else None
+    if t.compile:  # the compiled module shares raw's parameters; evaluation and checkpoints use raw
+        model = torch.compile(model, **({} if t.compile is True else {"backend": t.compile}))
+    seq = task_of(data.task).seq_len(cfg)
     flops_per_example = train_flops_per_example(raw, seq)
     tokens_per_example = seq or 1
     n_train, batch = len(data.train), t.batch_size
     rank, world = accelerator.process_index, accelerator.num_processes
     if batch % world:
         raise MLResearchError(f"train.batch_size {batch} is not divisible by {world} processes")
+    micro = t.micro_batch_size or batch // world
+    if (batch // world) % micro:
+        raise MLResearchError(f"train.micro_batch_size {micro} does not divide the {batch // world} examples each of "
+                              f"{world} processes takes per step")
     device = accelerator.device
+    peak = peak_flops(device, t.peak_tflops)
     last_good = f"{ckpt} (step {start})" if start else "none (no checkpoint of this phase yet)"
+    since = (ledger.flops, ledger.wall)  # at the last logged row: MFU is measured between rows
+    first_bad = torch.zeros((), dtype=torch.long, device=device)  # step of the first non-finite loss (0: none)
 
     bar = tqdm(range(start, phase.steps), desc=f"{phase.name} (level {phase.level})", disable=not accelerator.is_main_process,
                initial=start, total=phase.steps, leave=False)
     for step in bar:
         tick = time.perf_counter()
+        done = step + 1  # steps count from 1, as in metrics.jsonl
         idx = batch_indices(n_train, batch, ledger.data_step, cfg.seed)[rank::world]
-        inputs = {k: v.to(device) for k, v in make_batch(data, "train", idx, ledger.data_step, cfg.seed).items()}
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.bf16):
-            loss, _ = compute_loss(model, inputs, data.task)
-        mean_loss = accelerator.reduce(loss.detach(), reduction="mean").item()
-        if not math.isfinite(mean_loss):  # steps count from 1, as in metrics.jsonl
-            raise TrainingDiverged(f"loss is {mean_loss} in phase {phase.name} at step {step + 1}; stopping. "
-                                   f"The last good checkpoint is {last_good}")
-        accelerator.backward(loss)
+        total = accumulate(model, data, idx, micro, ledger.data_step, cfg, accelerator)
+        first_bad = torch.where((first_bad == 0) & ~torch.isfinite(total), done, first_bad)
         if t.grad_clip:
             accelerator.clip_grad_norm_(model.parameters(), t.grad_clip)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        log_now = done % t.log_every == 0 or done % t.eval_every == 0 or done == phase.steps
+        # The host waits for the device only on steps that log, evaluate or checkpoint (inside the
+        # step's wall time, so the ledger's wall stays right on an asynchronous device).
+        if log_now or done % t.checkpoint_every == 0:
+            mean_loss = accelerator.reduce(total, reduction="mean").item()
+            bad = int(accelerator.reduce(first_bad, reduction="max").item())
+            if bad or not math.isfinite(mean_loss):
+                raise TrainingDiverged(f"loss is {'nan' if bad else mean_loss} in phase {phase.name} at step "
+                                       f"{bad or done}; stopping. The last good checkpoint is {last_good}")
         ledger.flops += flops_per_example * batch
         ledger.examples += batch
         ledger.tokens += tokens_per_example * batch
         ledger.data_step += 1
         ledger.wall += time.perf_counter() - tick
-        done = step + 1
-        row = None
-        if done % t.log_every == 0 or done % t.eval_every == 0 or done == phase.steps:
+        row, fired = None, False
+        if log_now:
             row = {"phase": phase.name, "level": phase.level, "step": done, "train_loss": mean_loss,
                    "lr": scheduler.get_last_lr()[0], "flops": ledger.flops, "examples": ledger.examples,
                    "tokens": ledger.tokens, "wall": ledger.wall}
+            if peak and ledger.wall > since[1]:  # model FLOPs per second per device over the peak
+                row["mfu"] = (ledger.flops - since[0]) / (ledger.wall - since[1]) / world / peak
+            since = (ledger.flops, ledger.wall)
+            if device.type == "cuda":
+                row["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         if done % t.eval_every == 0 or done == phase.steps:
             # Evaluation is neither training FLOPs nor training wall time (runs evaluate at different rates).
             row.update(evaluate(raw, data, cfg))
             bar.set_postfix(val=f"{row['val_loss']:.3f}")
+            if phase.trigger is not None:
+                curve.append([ledger.flops, row["val_loss"]])
+                row["loglog_slope"], fired = trigger_check(curve, phase.trigger)
+                fired = fired and done < phase.steps
         if row:
             log.write(row)
-        if done % t.checkpoint_every == 0 or done == phase.steps:
+        if fired:
+            log.write({"event": "trigger", "phase": phase.name, "level": phase.level, "step": done,
+                       "loglog_slope": row["loglog_slope"], "threshold": phase.trigger, "of_steps": phase.steps})
+            if accelerator.is_main_process:
+                tqdm.write(f"{phase.name}: the trigger fired at step {done} of {phase.steps} (log-log slope "
+                           f"{row['loglog_slope']:.4f} after its steepest point, threshold {phase.trigger})",
+                           file=sys.stderr)
+        if done % t.checkpoint_every == 0 or done == phase.steps or fired:
             accelerator.wait_for_everyone()
             bad = nonfinite_parameters(raw)
             if bad:  # a finite loss can come from weights an update has just broken: never checkpoint them
                 raise TrainingDiverged(f"parameters {bad[:3]}{' ...' if len(bad) > 3 else ''} are not finite in phase "
                                        f"{phase.name} after step {done}; stopping. The last good checkpoint is {last_good}")
             if accelerator.is_main_process:
-                save_checkpoint(ckpt, raw, optimizer, scheduler, done, ledger, log.count)
+                save_checkpoint(ckpt, raw, optimizer, scheduler, done, ledger, log.count, curve, ended=fired)
                 last_good = f"{ckpt} (step {done})"
                 if t.keep_snapshots:
                     save_model(raw, ckpt_dir / "snapshots" / f"{phase.name}-{done:07d}", overwrite=True)
             accelerator.wait_for_everyone()
         fault_point(f"step:{phase.name}:{done}")
+        if fired:
+            break
     bar.close()
-    return accelerator.unwrap_model(model), getattr(optimizer, "optimizer", optimizer)
+    return raw, getattr(optimizer, "optimizer", optimizer)
+
+
+def accumulate(model, data: Data, idx: np.ndarray, micro: int, data_step: int, cfg: RunConfig, accelerator) -> torch.Tensor:
+    """Forward and backward this process's examples ``idx`` of one step in micro-batches of
+    ``micro``, gradients accumulated (synchronised between processes only on the last); returns
+    the step's mean loss, still on the device. Each micro-batch's mean loss is weighted by its
+    share of the examples, so for equal-length sequences the sum is the whole batch's mean."""
+    from contextlib import nullcontext
+
+    batch = make_batch(data, "train", idx, data_step, cfg.seed)  # drawn whole: masks do not depend on ``micro``
+    starts = range(0, len(idx), micro)
+    total = torch.zeros((), device=accelerator.device)
+    for j, i in enumerate(starts):
+        inputs = {k: v[i:i + micro].to(accelerator.device) for k, v in batch.items()}
+        with accelerator.no_sync(model) if j < len(starts) - 1 else nullcontext():
+            with torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=cfg.train.bf16):
+                loss, _ = compute_loss(model, inputs, data.task)
+            loss = loss * (min(micro, len(idx) - i) / len(idx))
+            accelerator.backward(loss)
+        total += loss.detach().float()
+    return total
 
 
 def phase_done(ckpt_dir: Path, phase: Phase) -> bool:
+    """The phase's checkpoint is at its last step, or where its trigger ended it."""
     path = ckpt_dir / phase.name
-    return state_exists(path) and state_value(path, "step") >= phase.steps
+    return state_exists(path) and (state_value(path, "step") >= phase.steps or state_value(path, "ended", False))

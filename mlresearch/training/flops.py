@@ -32,6 +32,30 @@ def train_flops_per_example(model: nn.Module, seq_len: int | None = None) -> flo
     return 3 * (parts["linear"] + parts["attention"] + parts["head"]) + 2 * parts["patch_embed"]
 
 
+def eval_flops_per_example(model: nn.Module, seq_len: int | None = None) -> float:
+    """One forward pass (evaluating a choice: a searched alpha's merge on tuning batches)."""
+    return sum(forward_flops_per_example(model, seq_len).values())
+
+
+# Dense bf16 tensor-core peaks (TFLOP/s per device) from the vendors' data sheets, by device name.
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10G": 125.0, "V100": 125.0}
+
+
+def peak_flops(device, configured_tflops: float | None = None) -> float | None:
+    """Peak FLOP/s of one ``device`` for the MFU column: the configured value, else a CUDA device's
+    data-sheet peak by name, else None (a CPU has no such number here: no MFU is logged)."""
+    if configured_tflops:
+        return configured_tflops * 1e12
+    import torch
+
+    if getattr(device, "type", device) == "cuda" and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(device)
+        for key, tflops in PEAK_TFLOPS.items():
+            if key in name:
+                return tflops * 1e12
+    return None
+
+
 def planned_ledger(cfg) -> dict:
     """FLOPs the config plans to spend: the baseline's and, with a vcycle section, the V-cycle's per
     phase; read off the methods' plans (:func:`mlresearch.training.methods.planned_ledger`)."""

@@ -15,13 +15,14 @@ what they rebuild (partners, schemes, merged models) is what the killed run had.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
 
 from ..operators import (coalesce, coalesce_state, decoalesce, decoalesce_preserving, decoalesce_state,
                          interpolate, stack_layers)
+from ..tasks import task_of
 from .config import ConfigError, RunConfig
 
 
@@ -38,6 +39,17 @@ class Train:
     start: int = 0  # where in that schedule it begins
     rewarmup: int = 0  # linear re-warm-up into the schedule at ``start``
     sizes: Any = None  # the model's size when the method says it (else: the V-cycle's level size)
+    trigger: float | None = None  # end early when the loss curve's log-log slope rises above this
+    reenter: float | None = None  # start at (where the previous phase ended) / reenter, not at ``start``
+    to_end: bool = False  # with ``reenter``: run to the end of the ``horizon``, not ``steps``
+
+    def placed(self, position: int) -> "Train":
+        """This phase after a previous one ended at schedule ``position`` (the plan's ``start`` and
+        ``steps`` assume every phase ran its planned steps; a trigger may have ended one earlier)."""
+        if self.reenter is None:
+            return self
+        start = int(round(position / self.reenter))
+        return replace(self, start=start, steps=self.horizon - start if self.to_end else self.steps)
 
 
 @dataclass(frozen=True)
@@ -68,18 +80,36 @@ class State:
     optimizer: torch.optim.Optimizer | None = None
     partners: dict[int, torch.nn.Module] = field(default_factory=dict)  # M_k right before coalescing
     schemes: dict[int, Any] = field(default_factory=dict)  # the scheme that coalesced level k
+    position: int = 0  # where in its LR schedule the last phase ended
 
 
 TRANSITIONS: dict[str, Callable] = {}
+COSTS: dict[str, Callable] = {}  # transitions that spend FLOPs: fn(cfg, step, model) -> (FLOPs, examples)
+CHECKS: dict[str, Callable] = {}  # transitions that need something of the data: fn(cfg, step, data) raises
 METHODS: dict[str, Callable[[RunConfig], Plan]] = {}
 READS: dict[str, tuple[str, ...]] = {}  # the config's method sections each method reads
 
 
-def transition(name: str):
+def transition(name: str, cost: Callable | None = None, check: Callable | None = None):
+    """Register ``fn(run, state, step)`` as transition ``name``. ``cost(cfg, step, model)``: the
+    FLOPs and examples it spends (forward passes that choose something), which the plan counts and
+    the ledger is charged; ``check(cfg, step, data)``: raises before anything is written if the
+    data cannot serve it."""
     def register(fn):
         TRANSITIONS[name] = fn
+        if cost:
+            COSTS[name] = cost
+        if check:
+            CHECKS[name] = check
         return fn
     return register
+
+
+def check_plan(cfg: RunConfig, plan: Plan, data) -> None:
+    """Every transition of ``plan`` that needs something of the loaded data finds it."""
+    for item in plan:
+        if isinstance(item, Step) and item.op in CHECKS:
+            CHECKS[item.op](cfg, item, data)
 
 
 def method(name: str, reads: tuple[str, ...] = ()):
@@ -111,9 +141,11 @@ def execute(run, plan: Plan) -> torch.nn.Module:
     state = State()
     for item in plan:
         if isinstance(item, Train):
+            item = item.placed(state.position)
             phase = Phase(item.name, item.level, item.steps, item.lr, item.warmup, item.horizon, item.start,
-                          item.rewarmup)
+                          item.rewarmup, item.trigger)
             state.model, state.optimizer = run.train(state.model, state.optimizer, phase)
+            state.position = item.start + run.phases[-1]["steps"]
         else:
             TRANSITIONS[item.op](run, state, item)
     return state.model
@@ -234,16 +266,64 @@ def grow_depth_step(run, state: State, step: Step) -> None:
     _grow(run, state, step, "grow_depth", lambda m, o: grow_depth(m, o, where=step.option("where", "alternate")))
 
 
-@transition("merge")
+def _search_examples(cfg: RunConfig, step: Step) -> int:
+    return step.option("batches", 0) * cfg.train.batch_size
+
+
+def merge_cost(cfg: RunConfig, step: Step, model) -> tuple[float, int]:
+    """Searched alpha: one forward pass of the merged model per grid point over the tuning batches."""
+    from .flops import eval_flops_per_example
+
+    if step.option("alpha") != "search":
+        return 0.0, 0
+    n = len(step.option("grid")) * _search_examples(cfg, step)
+    return n * eval_flops_per_example(model, task_of(cfg.task).seq_len(cfg)), n
+
+
+def merge_check(cfg: RunConfig, step: Step, data) -> None:
+    if step.option("alpha") == "search":
+        need, have = _search_examples(cfg, step), len(data.split("tune")[0])
+        if have < need:
+            raise ConfigError(f"vcycle.search_batches {step.option('batches')} x train.batch_size {cfg.train.batch_size}"
+                              f" = {need} tuning examples, but the tuning split has {have}; raise data.tune_fraction "
+                              "or lower vcycle.search_batches")
+
+
+def search_alpha(run, partner, big, step: Step) -> float:
+    """The alpha of ``step``'s grid whose merge scores the lowest loss on the tuning batches (held
+    out of training and of the validation split that defines the target); the grid, the choice and
+    its cost are logged and charged to the ledger."""
+    import time
+
+    from .engine import evaluate
+
+    grid, batches, k = step.option("grid"), step.option("batches"), step.level
+    tick = time.perf_counter()
+    scores = [evaluate(interpolate(partner, big, alpha=float(a)), run.data, run.cfg, "tune", batches)["tune_loss"]
+              for a in grid]
+    choice = grid[min(range(len(grid)), key=scores.__getitem__)]  # the first of equal scores
+    seconds = time.perf_counter() - tick
+    flops, examples = merge_cost(run.cfg, step, big)  # merge_check made sure the tuning split has them all
+    run.ledger.flops += flops
+    run.ledger.wall += seconds
+    run.log.write({"event": "alpha_search", "level": k, "grid": [[float(a), s] for a, s in zip(grid, scores)],
+                   "alpha": float(choice), "examples": examples, "flops": flops, "seconds": seconds})
+    return float(choice)
+
+
+@transition("merge", cost=merge_cost, check=merge_check)
 def merge(run, state: State, step: Step) -> None:
-    """Interpolate the partner with the de-coalesced model: ``(1-alpha) partner + alpha model``, or
-    adaptive (norms matched, then 0.5/0.5); logs what each ingredient scores on validation."""
+    """Interpolate the partner with the de-coalesced model: ``(1-alpha) partner + alpha model``,
+    adaptive (norms matched, then 0.5/0.5), or ``search`` (the grid's best on the tuning split);
+    logs what each ingredient scores on validation."""
     from ..checkpoint import save_model
     from .engine import evaluate
 
     alpha, cfg, k = step.option("alpha"), run.cfg, step.level
-    adaptive = {"adaptive": "tensor", "adaptive-row": "row"}.get(alpha, False) if isinstance(alpha, str) else False
     big, partner = state.model, state.partners[k]
+    if alpha == "search":
+        alpha = search_alpha(run, partner, big, step)
+    adaptive = {"adaptive": "tensor", "adaptive-row": "row"}.get(alpha, False) if isinstance(alpha, str) else False
     merged = run.operator("interpolate", k, lambda: interpolate(
         partner, big, alpha=None if adaptive else float(alpha), adaptive=adaptive))
     run.log.write({"event": "interpolated", "level": k,
@@ -320,7 +400,9 @@ def vcycle(cfg: RunConfig) -> Plan:
     up = carry + (("path", v.up_path),) + ((("tie_break", v.tie_break),) if v.tie_break else ())
     for k in range(K - 1, 0, -1):
         i = K - 1 - k
-        plan += [Step("decoalesce", k, up), Step("merge", k, (("alpha", v.alpha),)),
+        merge_options = (("alpha", v.alpha),) + ((("grid", tuple(v.alpha_grid)), ("batches", v.search_batches))
+                                                  if v.alpha == "search" else ())
+        plan += [Step("decoalesce", k, up), Step("merge", k, merge_options),
                  Step("measure_symmetry", k, (("when", "merged"),)),
                  Train(f"up{k}", k, v.up_steps[i], lrs[k - 1], v.up_warmup[i] if v.up_warmup else 0),
                  Step("measure_symmetry", k, (("when", f"after up{k}"),))]
@@ -331,8 +413,12 @@ def vcycle(cfg: RunConfig) -> Plan:
 def staged(cfg: RunConfig) -> Plan:
     """Staged training (Shen et al. 2022): the config's model shrunk by ``staged.grow``, trained for
     each stage's steps on the full model's LR schedule, grown x2 with the training state, the schedule
-    re-entered at S_r = position / constant_op through a ``rewarmup``, until ``train.steps``."""
+    re-entered at S_r = position / constant_op through a ``rewarmup``, until ``train.steps``. With
+    ``staged.trigger`` a stage grows as soon as its loss curve's slope passes the growth's threshold
+    (B.6), its ``steps`` only a cap; the plan shows the schedule if no trigger fires."""
     from .models import staged_schedule, staged_sizes
+    from .schedules import CONSTANT_OP
+    from .trigger import THRESHOLDS
 
     if cfg.staged is None:
         raise ConfigError("method 'staged' needs the config's staged section (grow, steps, rewarmup)")
@@ -341,13 +427,18 @@ def staged(cfg: RunConfig) -> Plan:
     if schedule[-1][0] >= t.steps:
         raise ConfigError(f"staged: the full model would re-enter the schedule at step {schedule[-1][0]}, not before "
                           f"train.steps {t.steps}; shorten staged.steps")
+    constants = st.constant_op or [CONSTANT_OP[g] for g in st.grow]
+    thresholds = st.thresholds or [THRESHOLDS[g] for g in st.grow]
+    last = len(schedule) - 1
     plan: Plan = [Step("new_model", 1, (("sizes", sizes[0]),))]
     for i, (start, steps) in enumerate(schedule):
         if i:
             grow = st.grow[i - 1]
             plan.append(Step(f"grow_{grow}", i, (("where", st.depth_where),) if grow == "depth" else ()))
         plan.append(Train(f"stage{i}", i + 1, steps, t.lr, t.warmup, horizon=t.steps, start=start,
-                          rewarmup=st.rewarmup if i else 0, sizes=sizes[i]))
+                          rewarmup=st.rewarmup if i else 0, sizes=sizes[i],
+                          trigger=thresholds[i] if st.trigger and i < last else None,
+                          reenter=constants[i - 1] if i else None, to_end=i == last))
     return plan
 
 
@@ -388,27 +479,34 @@ def planned_ledger(cfg: RunConfig, name: str) -> dict:
     plan = build_plan(cfg, name)
     vocab = 50257 if cfg.data.tokenizer == "gpt2" else cfg.data.vocab_size
     family = FAMILIES[cfg.model.family]
-    seq = None if cfg.task == "image_cls" else cfg.data.seq_len
+    seq = task_of(cfg.task).seq_len(cfg)
     level = level_sizes(cfg) if cfg.vcycle else [model_sizes(cfg)]
     models: dict = {}
-    for item in plan:
-        if isinstance(item, Train):
-            s = item.sizes or level[item.level - 1]
-            if s not in models:
-                with torch.device("meta"), family.skip_init():
-                    models[s] = family.new(s, **model_options(cfg, vocab))
-                family.tie(models[s])  # (skipped initialisation leaves a tied head untied)
+
+    def model_of(sizes):
+        if sizes not in models:
+            with torch.device("meta"), family.skip_init():
+                models[sizes] = family.new(sizes, **model_options(cfg, vocab))
+            family.tie(models[sizes])  # (skipped initialisation leaves a tied head untied)
+        return models[sizes]
+
     b = cfg.train.batch_size
-    phases = []
-    for item in plan:
+    phases, transitions = [], []
+    for i, item in enumerate(plan):
         if isinstance(item, Train):
-            model = models[item.sizes or level[item.level - 1]]
+            sizes = item.sizes or level[item.level - 1]
+            model = model_of(sizes)
             phases.append({"phase": item.name, "level": item.level, "steps": item.steps,
                            "examples": item.steps * b, "tokens": item.steps * b * (seq or 1),
                            "flops": item.steps * b * train_flops_per_example(model, seq),
-                           "params": sum(p.numel() for p in model.parameters()),
-                           "sizes": item.sizes or level[item.level - 1]})
-    return {"method": name, "plan": plan, "phases": phases, "flops": sum(p["flops"] for p in phases)}
+                           "params": sum(p.numel() for p in model.parameters()), "sizes": sizes})
+        elif item.op in COSTS:
+            flops, examples = COSTS[item.op](cfg, item, model_of(level[item.level - 1]))
+            if flops:
+                transitions.append({"item": i, "op": item.op, "level": item.level, "flops": flops,
+                                    "examples": examples})
+    total = sum(p["flops"] for p in phases) + sum(t["flops"] for t in transitions)
+    return {"method": name, "plan": plan, "phases": phases, "transitions": transitions, "flops": total}
 
 
 def format_plan(cfg: RunConfig, name: str) -> str:
@@ -426,7 +524,11 @@ def format_plan(cfg: RunConfig, name: str) -> str:
             lines.append(f"{i:<3}{'train ' + item.name + f' (level {item.level})':34} {model:28} {p['steps']:>7,} "
                          f"{p['tokens']:>14,} {p['flops']:>10.3e}")
         else:
-            lines.append(f"{i:<3}{item.describe()}")
+            spent = [t for t in ledger["transitions"] if t["item"] == i - 1]
+            cost = f"  [{spent[0]['examples']:,} examples evaluated, {spent[0]['flops']:.3e} FLOPs]" if spent else ""
+            lines.append(f"{i:<3}{item.describe()}{cost}")
+    if any(isinstance(item, Train) and item.trigger is not None for item in ledger["plan"]):
+        lines.append("(a stage with a trigger ends early when it fires; the numbers assume it does not)")
     lines.append(f"total: {ledger['flops']:.3e} FLOPs = {ledger['flops'] / base:.3f} x the baseline's {base:.3e}")
     return "\n".join(lines)
 
@@ -464,6 +566,9 @@ def format_cost(cfg: RunConfig, gpus: int = 8, peak_tflops: float = H100_BF16_DE
             model = f"{s.layers}L/{s.hidden}d/{s.heads}h, {p['params'] / 1e6:.1f}M"
             lines.append(f"  {p['phase']:12} {model:26} {p['steps']:>9,} {p['tokens']:>16,} {p['flops']:>10.3e} "
                          f"{hours(p['flops']):>10,.1f}")
+        for t in ledger["transitions"]:
+            lines.append(f"  {t['op'] + str(t['level']):12} {'(forward passes)':26} {'':>9} {'':>16} {t['flops']:>10.3e} "
+                         f"{hours(t['flops']):>10,.1f}")
         total = ledger["flops"]
         lines.append(f"  {'total':12} {'':26} {'':>9} {sum(p['tokens'] for p in ledger['phases']):>16,} "
                      f"{total:>10.3e} {hours(total):>10,.1f}  ({hours(total) / gpus:,.1f} h on {gpus} GPU(s))")

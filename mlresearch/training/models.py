@@ -18,12 +18,11 @@ def model_sizes(cfg: RunConfig) -> Sizes:
 
 
 def data_settings(cfg: RunConfig) -> dict:
-    """The run's data section as :func:`~mlresearch.data.datasets.load_data` takes it (images are
-    loaded at the model's input size unless ``data.img_size`` says otherwise)."""
-    settings = asdict(cfg.data)
-    if cfg.task == "image_cls" and not settings["img_size"]:
-        settings["img_size"] = cfg.model.options.get("img_size", 28)
-    return settings
+    """The run's data section as :func:`~mlresearch.data.datasets.load_data` takes it (the task
+    fills in what the model decides, such as an image's size)."""
+    from ..tasks import task_of
+
+    return task_of(cfg.task).data_settings(cfg, asdict(cfg.data))
 
 
 def model_options(cfg: RunConfig, vocab_size: int | None, special: dict | None = None) -> dict:

@@ -29,7 +29,7 @@ from ..results import provenance, write_json
 from .config import METHOD_SECTIONS, ConfigError, RunConfig, default_value
 from .engine import (Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, set_rng_state,
                      train_phase)
-from .methods import build_plan, execute
+from .methods import build_plan, check_plan, execute
 from .models import build_model, check_model_fits_data, data_settings
 
 
@@ -114,14 +114,16 @@ def config_differences(out: Path, cfg: RunConfig, kind: str = "vcycle") -> list[
     keys = {k for k in set(new) | set(old) if k.split(".")[0] not in ignored}
     for k in keys - set(new):  # a section this config lacks (vcycle: null) counts as its default
         new[k] = None
-    return sorted(k for k in keys if k != "train.threads" and old.get(k) != new.get(k))
+    # Where and how fast the data is read or prepared changes nothing a run computes.
+    unread = {"train.threads", "data.num_proc", "data.prepared_dir"}
+    return sorted(k for k in keys if k not in unread and old.get(k) != new.get(k))
 
 
 class Run:
     """Shared plumbing of a baseline or V-cycle run: one writer per run directory (a lock), and
     nothing written before the config, the output path and the data have been checked."""
 
-    def __init__(self, cfg: RunConfig, out: Path, resume: bool, overwrite: bool, kind: str) -> None:
+    def __init__(self, cfg: RunConfig, out: Path, resume: bool, overwrite: bool, kind: str, plan=None) -> None:
         from accelerate import Accelerator
 
         if cfg.train.threads:
@@ -156,6 +158,8 @@ class Run:
         torch.manual_seed(cfg.seed)
         self.data = load_data(cfg.task, data_settings(cfg), cfg.seed)  # data errors come before any write
         check_model_fits_data(cfg, self.data)
+        if plan is not None:
+            check_plan(cfg, plan, self.data)
         self._lock = None
         if main:
             self._lock = _lock(self.out)
@@ -215,7 +219,8 @@ class Run:
         else:
             model, optimizer = train_phase(model, optimizer, phase, self.data, self.cfg, self.accelerator, self.log,
                                            self.ledger, self.ckpt, resume=self.resume)
-        record = {"event": "phase_end", "phase": phase.name, "level": phase.level, "steps": phase.steps,
+        steps = state_value(self.ckpt / phase.name, "step")  # fewer than planned where a trigger ended it
+        record = {"event": "phase_end", "phase": phase.name, "level": phase.level, "steps": steps,
                   "flops": self.ledger.flops - start["flops"], "wall": self.ledger.wall - start["wall"],
                   "examples": self.ledger.examples - start["examples"]}
         self.phases.append(record)
@@ -259,7 +264,7 @@ def run_method(cfg: RunConfig, method: str, out: Path | None = None, resume: boo
                overwrite: bool = False, root: str | Path | None = None) -> dict:
     """Build ``method``'s plan (a config error if it cannot be built) and execute it in one run directory."""
     plan = build_plan(cfg, method)  # before anything is written
-    with Run(cfg, out or default_out(cfg, method, root), resume, overwrite, method) as run:
+    with Run(cfg, out or default_out(cfg, method, root), resume, overwrite, method, plan) as run:
         return run.finish(execute(run, plan), method)
 
 

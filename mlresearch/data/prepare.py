@@ -1,0 +1,245 @@
+"""Prepare once, stream forever: a text corpus of any size as token files training reads in place.
+
+``prepare_text`` takes the documents (the shipped corpora, or a local dataset through HF
+``datasets``: a ``save_to_disk`` directory or text/parquet/json files, memory-mapped Arrow either
+way), splits them *by document* with the seeded permutation (train / validation / test / tuning,
+fixed here once), trains the tokenizer on the training documents (or takes GPT-2's), tokenizes
+every split with ``datasets.map(num_proc=N)`` and writes each split as one flat file of token ids
+(``uint16`` when the vocabulary fits, else ``uint32``) plus ``index.json``. Nothing holds a
+split's tokens in memory: ``map`` writes Arrow shards to disk and the writer streams them out.
+
+``TokenBlocks`` reads a split as fixed-length blocks on demand (the memory map is opened for
+each read and closed after it, so a training process's memory does not grow with the corpus or
+with the blocks it has visited). Blocks are the split's token stream cut into non-overlapping
+pieces, exactly what tokenizing the documents in memory and cutting them would give.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = 1
+SPLITS = ("train", "val", "test", "tune")
+
+
+def _fingerprint(cfg: dict, task: str, seed: int, docs_id: str) -> str:
+    fractions = [float(cfg.get("val_fraction", 0.05)), float(cfg.get("test_fraction", 0.05)),
+                 float(cfg.get("tune_fraction") or 0.0)]
+    key = [FORMAT, task, docs_id, int(cfg.get("vocab_size", 8192)), cfg.get("tokenizer", "train"), seed, fractions]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+
+
+def document_dataset(cfg: dict):
+    """(a ``datasets.Dataset`` with a ``text`` column, its source name, an identity for cache keys)."""
+    import datasets
+
+    from .datasets import DataError, _documents
+
+    if not cfg.get("path"):
+        docs, source, _ = _documents(cfg)
+        identity = f"{source}:{len(docs)}:{sum(map(len, docs))}"
+        return datasets.Dataset.from_dict({"text": list(docs)}), source, identity
+    p = Path(cfg["path"]).expanduser()
+    if not p.exists():
+        raise DataError(f"local dataset path {p} does not exist (paper presets need the data on disk)")
+    field = cfg.get("text_field", "text")
+    if (p / "dataset_info.json").exists() or (p / "state.json").exists():
+        ds = datasets.load_from_disk(str(p))
+        ds = ds["train"] if isinstance(ds, datasets.DatasetDict) else ds
+    else:
+        files = sorted(str(f) for f in p.rglob("*") if f.suffix in (".txt", ".parquet", ".json", ".jsonl"))
+        if not files:
+            raise DataError(f"no .txt/.parquet/.json(l) files under {p}")
+        kind = {".txt": "text", ".parquet": "parquet", ".json": "json", ".jsonl": "json"}[Path(files[0]).suffix]
+        ds = datasets.load_dataset(kind, data_files=files, split="train")
+    if field not in ds.column_names:
+        raise DataError(f"{p} has no column {field!r} (data.text_field); its columns: {ds.column_names}")
+    ds = ds.select_columns([field])
+    if field != "text":
+        ds = ds.rename_column(field, "text")
+    return ds, f"local:{cfg['path']}", f"local:{p.resolve()}:{ds._fingerprint}"
+
+
+def prepared_dir(task: str, cfg: dict, seed: int, identity: str | None = None) -> Path:
+    """Where the prepared splits of this data section live: ``data.prepared_dir`` or the cache."""
+    from .datasets import cache_dir
+
+    if cfg.get("prepared_dir"):
+        return Path(cfg["prepared_dir"]).expanduser()
+    if identity is None:
+        identity = document_dataset(cfg)[2]
+    return cache_dir() / f"prepared-{_fingerprint(cfg, task, seed, identity)}"
+
+
+def is_prepared(path: Path) -> bool:
+    return (path / "index.json").is_file()
+
+
+def prepare_text(task: str, cfg: dict, seed: int, num_proc: int = 1, out: Path | None = None,
+                 progress: bool = False) -> Path:
+    """Prepare the data section ``cfg`` (see the module docstring); returns the directory. An
+    existing preparation of the same data is reused. Written to a temporary directory and renamed,
+    so a killed preparation leaves nothing that looks finished."""
+    import datasets
+
+    from .datasets import SPECIAL, DataError, _tokenizer, split_indices
+
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # parallelism is num_proc's, one thread per process
+    ds, source, identity = document_dataset(cfg)
+    out = Path(out) if out else prepared_dir(task, cfg, seed, identity)
+    if is_prepared(out):
+        return out
+    if len(ds) < 3:
+        raise DataError(f"need at least 3 documents to split, got {len(ds)} from {source}")
+    fractions = (float(cfg.get("val_fraction", 0.05)), float(cfg.get("test_fraction", 0.05)),
+                 float(cfg.get("tune_fraction") or 0.0))
+    parts = dict(zip(("train", "val", "test", "tune"), split_indices(len(ds), seed, *fractions)))
+    key = _fingerprint(cfg, task, seed, identity)
+    gpt2 = cfg.get("tokenizer") == "gpt2"
+    train_docs = ds.select(parts["train"])
+    tok = _tokenizer(task, int(cfg.get("vocab_size", 8192)), _texts(train_docs), key, gpt2)
+    if task == "causal_lm":
+        special = {"eos": tok.token_to_id("<|endoftext|>")}
+        end = special["eos"]
+    else:
+        special = {k.strip("[]").lower(): tok.token_to_id(k) for k in SPECIAL[task]}
+        end = special["sep"]
+    vocab = tok.get_vocab_size()
+    dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tok.save(str(tmp / "tokenizer.json"))
+    index = {"format": FORMAT, "task": task, "source": source, "seed": seed, "fractions": list(fractions),
+             "vocab_size": vocab, "special": special, "dtype": np.dtype(dtype).name, "splits": {}}
+    encode = _Encoder(str(tmp / "tokenizer.json"), end)
+    bars_were_off = datasets.are_progress_bars_disabled()
+    if not progress:
+        datasets.disable_progress_bars()
+    try:
+        for name in SPLITS:
+            _prepare_split(ds, parts[name], name, encode, tmp, dtype, num_proc, index)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # (a kill leaves it: a later preparation starts afresh)
+        raise
+    finally:
+        if not progress and not bars_were_off:
+            datasets.enable_progress_bars()
+    (tmp / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process (a second rank, say) finished the same preparation first
+        if not is_prepared(out):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _prepare_split(ds, rows, name: str, encode, tmp: Path, dtype, num_proc: int, index: dict) -> None:
+    if name == "tune" and not len(rows):
+        return
+    mapped = ds.select(rows).map(encode, batched=True, batch_size=256, num_proc=num_proc if len(rows) > 1 else None,
+                                 remove_columns=["text"], cache_file_name=str(tmp / f"map-{name}.arrow"),
+                                 desc=f"tokenizing {name}")
+    tokens = _write_stream(mapped, tmp / f"{name}.bin", dtype)
+    index["splits"][name] = {"documents": len(rows), "tokens": tokens}
+    del mapped
+    for f in tmp.glob(f"map-{name}*.arrow"):
+        f.unlink()
+
+
+def _texts(ds, batch: int = 1000):
+    for i in range(0, len(ds), batch):
+        yield from ds[i:i + batch]["text"]
+
+
+class _Encoder:
+    """``datasets.map`` function: documents -> token ids, each followed by the end-of-document
+    token (a plain class so that worker processes can rebuild it)."""
+
+    def __init__(self, path: str, end: int) -> None:
+        self.path, self.end, self._tok = path, end, None
+
+    def __call__(self, batch: dict) -> dict:
+        if self._tok is None:
+            from tokenizers import Tokenizer
+
+            self._tok = Tokenizer.from_file(self.path)
+        return {"ids": [enc.ids + [self.end] for enc in self._tok.encode_batch(batch["text"], add_special_tokens=False)]}
+
+    def __getstate__(self):
+        return {"path": self.path, "end": self.end, "_tok": None}
+
+
+def _write_stream(mapped, path: Path, dtype, batch: int = 4096) -> int:
+    """Append every row's ids to ``path``; returns the number of tokens written."""
+    import pyarrow.compute as pc
+
+    total = 0
+    table = mapped.with_format("arrow")
+    with open(path, "wb") as f:
+        for i in range(0, len(mapped), batch):
+            flat = pc.list_flatten(table[i:i + batch]["ids"]).to_numpy(zero_copy_only=False)
+            f.write(flat.astype(dtype, copy=False).tobytes())
+            total += len(flat)
+    return total
+
+
+class TokenBlocks:
+    """One prepared split as ``(n, seq_len)`` blocks read on demand: ``blocks[idx]`` -> int64 array.
+
+    Causal LM: blocks of ``seq_len`` tokens of the stream. Masked LM: ``seq_len - 2`` tokens between
+    [CLS] and [SEP]. The tail shorter than a block is dropped."""
+
+    def __init__(self, path: Path, dtype: str, tokens: int, seq_len: int, task: str, special: dict) -> None:
+        from .datasets import DataError
+
+        self.path, self.dtype, self.task, self.special = Path(path), np.dtype(dtype), task, special
+        self.body = seq_len if task == "causal_lm" else seq_len - 2
+        n = tokens // self.body
+        if n == 0:
+            raise DataError(f"a split has {tokens} tokens, fewer than one block of {self.body}")
+        self.shape = (n, seq_len)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, idx) -> np.ndarray:
+        rows = np.arange(len(self))[idx] if isinstance(idx, slice) else np.asarray(idx, dtype=np.int64)
+        single = rows.ndim == 0
+        rows = np.atleast_1d(rows)
+        if len(rows) and (rows.min() < 0 or rows.max() >= len(self)):
+            raise IndexError(f"block index out of range for {len(self)} blocks")
+        mm = np.memmap(self.path, dtype=self.dtype, mode="r")  # mapped for this read only
+        out = mm[rows[:, None] * self.body + np.arange(self.body)].astype(np.int64)
+        del mm
+        if self.task != "causal_lm":
+            n = len(rows)
+            out = np.concatenate([np.full((n, 1), self.special["cls"], np.int64), out,
+                                  np.full((n, 1), self.special["sep"], np.int64)], axis=1)
+        return out[0] if single else out
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[np.arange(len(self))]
+        return out.astype(dtype) if dtype is not None else out
+
+
+def open_prepared(path: Path, task: str, seq_len: int):
+    """(blocks per split, vocabulary size, special ids, index) of a prepared directory."""
+    from .datasets import DataError
+
+    index = json.loads((Path(path) / "index.json").read_text())
+    if index.get("format") != FORMAT or index.get("task") != task:
+        raise DataError(f"{path} was prepared for {index.get('task')!r} (format {index.get('format')}), not {task!r} "
+                        f"(format {FORMAT}); prepare it again with `mlresearch data prepare`")
+    blocks = {name: TokenBlocks(Path(path) / f"{name}.bin", index["dtype"], info["tokens"], seq_len, task,
+                                index["special"])
+              for name, info in index["splits"].items()}
+    return blocks, index["vocab_size"], index["special"], index

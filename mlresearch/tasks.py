@@ -1,0 +1,88 @@
+"""Tasks: what an example is, how a batch becomes a loss, and what is reported beside it.
+
+A run names its task (``causal_lm``, ``masked_lm``, ``image_cls``); everything that differs between
+tasks outside a model family (the loss and the accuracy it counts, whether examples are token
+sequences of ``data.seq_len``, how a batch is drawn, the downstream number shown in tables) is a
+fact of the task object here, so the engine, the FLOPs ledger and the study never branch on a task
+name. A new task is one subclass and one entry in :data:`TASKS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    sequences: bool  # examples are token sequences of data.seq_len (FLOPs and tokens count per token)
+    accuracy: bool  # evaluation also counts correct predictions (reported as <split>_acc)
+    downstream: tuple[str, str]  # (key of downstream.json, label of the study tables' column)
+
+    def seq_len(self, cfg) -> int | None:
+        """Tokens per example for the FLOPs count (None: an image, counted per patch by its family)."""
+        return cfg.data.seq_len if self.sequences else None
+
+    def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(mean loss, number of correct predictions when the task counts them)."""
+        raise NotImplementedError
+
+    def batch(self, data, split: str, idx: np.ndarray, step: int, seed: int) -> dict:
+        """Model inputs and labels for examples ``idx`` of ``split``: a pure function of its arguments."""
+        raise NotImplementedError
+
+    def data_settings(self, cfg, settings: dict) -> dict:
+        """The data section as the loader takes it (a task may fill in what the model decides)."""
+        return settings
+
+
+class CausalLM(Task):
+    def loss(self, model, batch):
+        return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss, None
+
+    def batch(self, data, split, idx, step, seed):
+        ids = torch.from_numpy(data.split(split)[0][idx])
+        return {"input_ids": ids, "labels": ids}
+
+
+class MaskedLM(CausalLM):
+    def batch(self, data, split, idx, step, seed):
+        from .data.datasets import mask_tokens
+
+        return mask_tokens(torch.from_numpy(data.split(split)[0][idx]), data, step, seed)
+
+
+class ImageClassification(Task):
+    def loss(self, model, batch):
+        logits = model(batch["x"])
+        return nn.functional.cross_entropy(logits, batch["labels"]), (logits.argmax(-1) == batch["labels"]).sum()
+
+    def batch(self, data, split, idx, step, seed):
+        x, y = data.split(split)
+        return {"x": torch.from_numpy(np.ascontiguousarray(x[idx])), "labels": torch.from_numpy(y[idx])}
+
+    def data_settings(self, cfg, settings):
+        """Images are loaded at the model's input size unless ``data.img_size`` says otherwise."""
+        if not settings.get("img_size"):
+            settings["img_size"] = cfg.model.options.get("img_size", 28)
+        return settings
+
+
+TASKS: dict[str, Task] = {
+    "causal_lm": CausalLM("causal_lm", sequences=True, accuracy=False, downstream=("perplexity", "zero-shot ppl")),
+    "masked_lm": MaskedLM("masked_lm", sequences=True, accuracy=False, downstream=("accuracy", "BBC topic acc")),
+    "image_cls": ImageClassification("image_cls", sequences=False, accuracy=True,
+                                     downstream=("accuracy", "test top-1")),
+}
+
+
+def task_of(name: str) -> Task:
+    if name not in TASKS:
+        from .errors import MLResearchError
+
+        raise MLResearchError(f"unknown task {name!r}; known: {sorted(TASKS)}")
+    return TASKS[name]

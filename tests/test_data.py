@@ -1,0 +1,144 @@
+"""Prepared data: token files equal an in-memory tokenization, reads keep no mapping, a corpus's
+order is a permutation in constant memory, preparation is parallel, atomic and reusable."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import smoke
+
+from mlresearch.data import datasets as ds
+from mlresearch.data.datasets import batch_indices, feistel_permutation, load_data, text_split
+from mlresearch.data.prepare import open_prepared, prepare_text, prepared_dir
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("isolated_data_cache")
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_prepared_blocks_equal_an_in_memory_tokenization(name):
+    cfg = smoke(name)
+    settings = asdict(cfg.data)
+    data = load_data(cfg.task, settings, cfg.seed)
+    ts = text_split(cfg.task, settings, cfg.seed)  # the documents, their split and the same tokenizer
+    end = ts.special["eos" if cfg.task == "causal_lm" else "sep"]
+    body = cfg.data.seq_len - (0 if cfg.task == "causal_lm" else 2)
+    for split, docs in (("train", ts.train), ("val", ts.val), ("test", ts.test)):
+        ids = [t for enc in ts.tokenizer.encode_batch([ts.docs[i] for i in docs], add_special_tokens=False)
+               for t in enc.ids + [end]]
+        n = len(ids) // body
+        expected = np.asarray(ids[:n * body]).reshape(n, body)
+        blocks = data.split(split)[0]
+        got = blocks[np.arange(len(blocks))]
+        if cfg.task == "masked_lm":
+            assert (got[:, 0] == ts.special["cls"]).all() and (got[:, -1] == ts.special["sep"]).all()
+            got = got[:, 1:-1]
+        assert got.shape == expected.shape and np.array_equal(got, expected)
+        assert np.array_equal(blocks[3], blocks[np.array([3])][0])  # one block or many, the same rows
+
+
+def test_reading_blocks_leaves_no_mapping_behind():
+    cfg = smoke("gpt2")
+    data = load_data(cfg.task, asdict(cfg.data), cfg.seed)
+    path = str(data.train.path)
+    data.train[np.arange(0, len(data.train), 7)]
+    maps = Path(f"/proc/{os.getpid()}/maps").read_text()
+    assert path not in maps  # memory does not grow with the blocks a run has visited
+
+
+@pytest.mark.parametrize("n", [2, 3, 7, 64, 1000, 4099])
+def test_the_computed_permutation_is_a_bijection(n):
+    for seed, epoch in ((0, 0), (1, 0), (0, 5)):
+        perm = feistel_permutation(np.arange(n), n, seed, epoch)
+        assert sorted(perm.tolist()) == list(range(n))
+    if n >= 64:  # and it shuffles: epochs and seeds differ
+        assert not np.array_equal(feistel_permutation(np.arange(n), n, 0, 0), feistel_permutation(np.arange(n), n, 0, 1))
+
+
+def test_large_corpora_draw_batches_without_a_stored_permutation(monkeypatch):
+    monkeypatch.setattr(ds, "PERMUTATION_TABLE_MAX", 10)
+    ds._epoch_perm.cache_clear()
+    n, batch = 50, 8
+    drawn = np.concatenate([batch_indices(n, batch, step, seed=3) for step in range(25)])  # 4 epochs
+    for epoch in range(4):
+        assert sorted(drawn[epoch * n:(epoch + 1) * n].tolist()) == list(range(n))  # every example once an epoch
+    assert np.array_equal(batch_indices(n, batch, 7, 3), batch_indices(n, batch, 7, 3))  # a function of (seed, step)
+    assert ds._epoch_perm.cache_info().currsize == 0
+
+
+def _local_corpus(tmp_path, docs=120):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+    lines = [" ".join(rng.choice(words, rng.integers(20, 80))) for _ in range(docs)]
+    (folder / "a.txt").write_text("\n".join(lines[:70]) + "\n")
+    (folder / "b.txt").write_text("\n".join(lines[70:]) + "\n")
+    return folder
+
+
+def _cli(*args):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "mlresearch.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=600)
+
+
+def test_prepare_command_in_parallel_equals_one_process_and_trains(tmp_path):
+    corpus = _local_corpus(tmp_path)
+    config = str(REPO / "experiments" / "configs" / "gpt2_smoke.yaml")
+    common = ["--set", f"data.path={corpus}", "--set", "data.vocab_size=300", "--set", "vcycle=null"]
+    one = _cli("data", "prepare", config, "--num-proc", "1", "--out", tmp_path / "p1", *common)
+    two = _cli("data", "prepare", config, "--num-proc", "2", "--out", tmp_path / "p2", *common)
+    assert one.returncode == two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
+    assert "train from it with --set data.prepared_dir=" in one.stdout
+    a, b = json.loads((tmp_path / "p1" / "index.json").read_text()), json.loads((tmp_path / "p2" / "index.json").read_text())
+    assert a == b and sum(s["documents"] for s in a["splits"].values()) == 120 and a["dtype"] == "uint16"
+    for split in a["splits"]:
+        assert (tmp_path / "p1" / f"{split}.bin").read_bytes() == (tmp_path / "p2" / f"{split}.bin").read_bytes()
+    again = _cli("data", "prepare", config, "--out", tmp_path / "p1", *common)
+    assert again.returncode == 0 and "already prepared" in again.stdout
+    run = _cli("train", config, "--out", tmp_path / "run", *common, "--set", f"data.prepared_dir={tmp_path / 'p2'}",
+               "--set", "train.steps=4")
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["data"]["split_documents"] == [a["splits"][k]["documents"] for k in ("train", "val", "test")]
+
+
+def test_a_failed_preparation_leaves_nothing_that_looks_finished(tmp_path, monkeypatch):
+    from mlresearch.data import prepare
+
+    corpus = _local_corpus(tmp_path)
+    cfg = {"path": str(corpus), "vocab_size": 300, "seq_len": 32}
+    real, calls = prepare._write_stream, {"n": 0}
+
+    def failing(mapped, path, dtype, batch=4096):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the validation split: the training tokens are already on disk
+            raise OSError(28, "No space left on device")
+        return real(mapped, path, dtype, batch)
+
+    monkeypatch.setattr(prepare, "_write_stream", failing)
+    out = prepared_dir("causal_lm", cfg, 0)
+    with pytest.raises(OSError):
+        prepare_text("causal_lm", cfg, 0)
+    assert not out.exists() and not list(out.parent.glob(f".{out.name}.tmp-*"))  # nothing left, nothing finished
+    monkeypatch.setattr(prepare, "_write_stream", real)
+    assert prepare_text("causal_lm", cfg, 0) == out
+    blocks, vocab, _, index = open_prepared(out, "causal_lm", 32)
+    assert set(blocks) == {"train", "val", "test"} and vocab <= 300
+
+
+def test_the_tuning_split_is_prepared_apart():
+    cfg = smoke("gpt2", "data.tune_fraction=0.1")
+    data = load_data(cfg.task, asdict(cfg.data), cfg.seed)
+    plain = load_data(cfg.task, asdict(smoke("gpt2").data), cfg.seed)
+    assert data.info["split_documents"][:3] != plain.info["split_documents"][:3]  # train lost documents ...
+    assert data.info["split_documents"][1:3] == plain.info["split_documents"][1:3]  # ... validation and test did not
+    assert len(data.tune) > 0 and plain.tune is None
