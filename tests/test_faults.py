@@ -197,24 +197,38 @@ def test_a_full_disk_is_one_line_with_the_way_to_resume(tmp_path, monkeypatch, c
 
 
 # ----------------------------------------------------------------------------- divergence
-def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+def poison_loss(monkeypatch, at: int) -> dict:
+    """Make the ``at``-th training forward pass's loss NaN; returns the count of training passes."""
     real, calls = engine.compute_loss, {"n": 0}
 
     def poisoned(model, batch, task):
         loss, right = real(model, batch, task)
         if model.training:
             calls["n"] += 1
-            if calls["n"] == 7:  # the 7th step's loss
+            if calls["n"] == at:
                 loss = loss * float("nan")
         return loss, right
 
     monkeypatch.setattr(engine, "compute_loss", poisoned)
+    return calls
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+    poison_loss(monkeypatch, 7)  # the 7th step's loss
     with pytest.raises(TrainingDiverged, match=r"loss is nan in phase baseline at step 7.*checkpoints/baseline "
                                                r"\(step 4\)"):
         run_baseline(smoke("gpt2"), tmp_path / "run")
     assert load_state(tmp_path / "run" / "checkpoints" / "baseline")["step"] == 4
     assert max(r["step"] for r in read_metrics(tmp_path / "run")) == 6
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_nan_between_logged_steps_is_reported_at_its_own_step(tmp_path, monkeypatch):
+    calls = poison_loss(monkeypatch, 7)
+    cfg = smoke("gpt2", "vcycle=null", "train.log_every=5", "train.checkpoint_every=5", "train.eval_every=12")
+    with pytest.raises(TrainingDiverged, match=r"loss is nan in phase baseline at step 7; .*\(step 5\)"):
+        run_baseline(cfg, tmp_path / "run")
+    assert calls["n"] == 10  # found when step 10 synchronised with the host, not before
 
 
 def test_nonfinite_weights_are_never_checkpointed(tmp_path, monkeypatch):

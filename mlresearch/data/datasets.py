@@ -87,22 +87,10 @@ def _documents(cfg: dict) -> tuple[list[str], str, dict[str, range]]:
 
 
 def _local_documents(path: str, text_field: str) -> list[str]:
-    """Paper presets: a local dataset (``datasets.save_to_disk`` dir, or text/parquet/json files)."""
-    import datasets
+    """Paper presets: a local dataset's documents (``datasets.save_to_disk`` dir, or text/parquet/json files)."""
+    from .prepare import local_dataset
 
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise DataError(f"local dataset path {p} does not exist (paper presets need the data on disk)")
-    if (p / "dataset_info.json").exists() or (p / "state.json").exists():
-        ds = datasets.load_from_disk(str(p))
-        ds = ds["train"] if isinstance(ds, datasets.DatasetDict) else ds
-    else:
-        files = sorted(str(f) for f in p.rglob("*") if f.suffix in (".txt", ".parquet", ".json", ".jsonl"))
-        if not files:
-            raise DataError(f"no .txt/.parquet/.json(l) files under {p}")
-        kind = {".txt": "text", ".parquet": "parquet", ".json": "json", ".jsonl": "json"}[Path(files[0]).suffix]
-        ds = datasets.load_dataset(kind, data_files=files, split="train")
-    return list(ds[text_field])
+    return list(local_dataset(path, text_field)["text"])
 
 
 def _tokenizer(task: str, vocab_size: int, train_docs: list[str], key: str, gpt2_vocab: bool):

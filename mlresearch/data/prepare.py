@@ -39,16 +39,26 @@ def document_dataset(cfg: dict):
     """(a ``datasets.Dataset`` with a ``text`` column, its source name, an identity for cache keys)."""
     import datasets
 
-    from .datasets import DataError, _documents
+    from .datasets import _documents
 
     if not cfg.get("path"):
         docs, source, _ = _documents(cfg)
         identity = f"{source}:{len(docs)}:{sum(map(len, docs))}"
         return datasets.Dataset.from_dict({"text": list(docs)}), source, identity
-    p = Path(cfg["path"]).expanduser()
+    ds = local_dataset(cfg["path"], cfg.get("text_field", "text"))
+    return ds, f"local:{cfg['path']}", f"local:{Path(cfg['path']).expanduser().resolve()}:{ds._fingerprint}"
+
+
+def local_dataset(path: str, field: str = "text"):
+    """A local text dataset (a ``save_to_disk`` directory, or .txt/.parquet/.json(l) files) as a
+    memory-mapped ``datasets.Dataset`` with one column, ``text``."""
+    import datasets
+
+    from .datasets import DataError
+
+    p = Path(path).expanduser()
     if not p.exists():
         raise DataError(f"local dataset path {p} does not exist (paper presets need the data on disk)")
-    field = cfg.get("text_field", "text")
     if (p / "dataset_info.json").exists() or (p / "state.json").exists():
         ds = datasets.load_from_disk(str(p))
         ds = ds["train"] if isinstance(ds, datasets.DatasetDict) else ds
@@ -61,9 +71,7 @@ def document_dataset(cfg: dict):
     if field not in ds.column_names:
         raise DataError(f"{p} has no column {field!r} (data.text_field); its columns: {ds.column_names}")
     ds = ds.select_columns([field])
-    if field != "text":
-        ds = ds.rename_column(field, "text")
-    return ds, f"local:{cfg['path']}", f"local:{p.resolve()}:{ds._fingerprint}"
+    return ds.rename_column(field, "text") if field != "text" else ds
 
 
 def prepared_dir(task: str, cfg: dict, seed: int, identity: str | None = None) -> Path:
