@@ -60,7 +60,7 @@ def _variant(kind: str, config: dict) -> dict:
                 "budget": v.get("tag") or "preset"}
     if kind == "small":
         return {"levels": v.get("levels"), "scheme": v.get("scheme", "-"), "alpha": "-", "optimizer": "-",
-                "budget": "baseline steps"}
+                "budget": f"{config['train']['steps']} steps"}
     if kind == "staged":
         return {"levels": len(st["grow"]) + 1, "scheme": "grow " + "+".join(st["grow"]) +
                 (" on trigger" if st.get("trigger") else ""), "alpha": "-", "optimizer": "carry",
