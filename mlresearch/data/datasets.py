@@ -134,6 +134,19 @@ class TextSplit:
     tune: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
+def text_fractions(cfg: dict) -> tuple[float, float, float]:
+    """A text data section's (validation, test, tuning) fractions of the documents."""
+    return (float(cfg.get("val_fraction", 0.05)), float(cfg.get("test_fraction", 0.05)),
+            float(cfg.get("tune_fraction") or 0.0))
+
+
+def special_ids(task: str, tok) -> dict[str, int]:
+    """The task's special tokens' ids in ``tok`` (causal LM: ``eos``; masked LM: pad, unk, cls, sep, mask)."""
+    if task == "causal_lm":
+        return {"eos": tok.token_to_id("<|endoftext|>")}
+    return {k.strip("[]").lower(): tok.token_to_id(k) for k in SPECIAL[task]}
+
+
 def text_split(task: str, cfg: dict, seed: int) -> TextSplit:
     """The documents, their split and the tokenizer of a text run (the tokenizer cache is the one
     :func:`~mlresearch.data.prepare.prepare_text` fills, so both see the same tokenizer)."""
@@ -146,14 +159,9 @@ def text_split(task: str, cfg: dict, seed: int) -> TextSplit:
         raise DataError(f"need at least 3 documents to split, got {len(docs)} from {source}")
     identity = document_dataset(cfg)[2] if cfg.get("path") else f"{source}:{len(docs)}:{sum(map(len, docs))}"
     key = _fingerprint(cfg, task, seed, identity)
-    fractions = (float(cfg.get("val_fraction", 0.05)), float(cfg.get("test_fraction", 0.05)),
-                 float(cfg.get("tune_fraction") or 0.0))
-    train_i, val_i, test_i, tune_i = split_indices(len(docs), seed, *fractions)
+    train_i, val_i, test_i, tune_i = split_indices(len(docs), seed, *text_fractions(cfg))
     tok = _tokenizer(task, vocab, [docs[i] for i in train_i], key, gpt2_vocab)
-    if task == "causal_lm":
-        special = {"eos": tok.token_to_id("<|endoftext|>")}
-    else:
-        special = {k.strip("[]").lower(): tok.token_to_id(k) for k in SPECIAL[task]}
+    special = special_ids(task, tok)
     return TextSplit(docs, source, spans, train_i, val_i, test_i, tok, special, key, tune_i)
 
 

@@ -29,9 +29,10 @@ SPLITS = ("train", "val", "test", "tune")
 
 
 def _fingerprint(cfg: dict, task: str, seed: int, docs_id: str) -> str:
-    fractions = [float(cfg.get("val_fraction", 0.05)), float(cfg.get("test_fraction", 0.05)),
-                 float(cfg.get("tune_fraction") or 0.0)]
-    key = [FORMAT, task, docs_id, int(cfg.get("vocab_size", 8192)), cfg.get("tokenizer", "train"), seed, fractions]
+    from .datasets import text_fractions
+
+    key = [FORMAT, task, docs_id, int(cfg.get("vocab_size", 8192)), cfg.get("tokenizer", "train"), seed,
+           list(text_fractions(cfg))]
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
 
@@ -96,7 +97,7 @@ def prepare_text(task: str, cfg: dict, seed: int, num_proc: int = 1, out: Path |
     so a killed preparation leaves nothing that looks finished."""
     import datasets
 
-    from .datasets import SPECIAL, DataError, _tokenizer, split_indices
+    from .datasets import DataError, _tokenizer, special_ids, split_indices, text_fractions
 
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # parallelism is num_proc's, one thread per process
     ds, source, identity = document_dataset(cfg)
@@ -105,19 +106,14 @@ def prepare_text(task: str, cfg: dict, seed: int, num_proc: int = 1, out: Path |
         return out
     if len(ds) < 3:
         raise DataError(f"need at least 3 documents to split, got {len(ds)} from {source}")
-    fractions = (float(cfg.get("val_fraction", 0.05)), float(cfg.get("test_fraction", 0.05)),
-                 float(cfg.get("tune_fraction") or 0.0))
+    fractions = text_fractions(cfg)
     parts = dict(zip(("train", "val", "test", "tune"), split_indices(len(ds), seed, *fractions)))
     key = _fingerprint(cfg, task, seed, identity)
     gpt2 = cfg.get("tokenizer") == "gpt2"
     train_docs = ds.select(parts["train"])
     tok = _tokenizer(task, int(cfg.get("vocab_size", 8192)), _texts(train_docs), key, gpt2)
-    if task == "causal_lm":
-        special = {"eos": tok.token_to_id("<|endoftext|>")}
-        end = special["eos"]
-    else:
-        special = {k.strip("[]").lower(): tok.token_to_id(k) for k in SPECIAL[task]}
-        end = special["sep"]
+    special = special_ids(task, tok)
+    end = special["eos" if task == "causal_lm" else "sep"]  # what ends each document in the stream
     vocab = tok.get_vocab_size()
     dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
