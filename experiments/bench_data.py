@@ -87,19 +87,23 @@ def tree_peak_rss(proc: subprocess.Popen) -> tuple[int, float]:
     return code, peak / 1e6
 
 
-def cli(*args: str) -> subprocess.Popen:
+def cli(*args: str, log: Path) -> subprocess.Popen:
+    """The command in its own process, its stderr (progress bars) to ``log``: a pipe nobody reads
+    until the end fills up and stalls the child (the 1 GB preparation did, at 64 KB of bars)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    return subprocess.Popen([sys.executable, "-m", "mlresearch.cli", *args], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with open(log, "w") as err:
+        return subprocess.Popen([sys.executable, "-m", "mlresearch.cli", *args], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
 
 
 def prepare(cfg: Path, out: Path, num_proc: int) -> tuple[float, float]:
     shutil.rmtree(out, ignore_errors=True)
+    log = out.with_name(out.name + ".log")
     tick = time.perf_counter()
-    proc = cli("data", "prepare", str(cfg), "--num-proc", str(num_proc), "--out", str(out))
+    proc = cli("data", "prepare", str(cfg), "--num-proc", str(num_proc), "--out", str(out), log=log)
     code, peak = tree_peak_rss(proc)
     if code:
-        sys.exit(f"prepare failed: {proc.stderr.read()[-2000:]}")
+        sys.exit(f"prepare failed: {log.read_text()[-2000:]}")
     return time.perf_counter() - tick, peak
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -29,8 +28,8 @@ import numpy as np
 import pandas as pd
 
 from mlresearch.results import REPO, provenance
+from mlresearch.study_runner import equal_flops_steps
 from mlresearch.training.config import load_config
-from mlresearch.training.methods import planned_ledger
 
 
 def mlresearch(*args: str) -> None:
@@ -38,15 +37,6 @@ def mlresearch(*args: str) -> None:
     done = subprocess.run([sys.executable, "-m", "mlresearch.cli", *args], cwd=REPO, env=env)
     if done.returncode:
         sys.exit(f"mlresearch {' '.join(args)} failed ({done.returncode})")
-
-
-def equal_flops_steps(cfg) -> tuple[int, int]:
-    """Steps (and warm-up) the small shape trains for the baseline's planned FLOPs."""
-    base = planned_ledger(cfg, "baseline")["flops"]
-    small = planned_ledger(cfg, "small")
-    per_step = small["flops"] / small["phases"][0]["steps"]
-    steps = math.ceil(base / per_step)
-    return steps, round(steps * cfg.train.warmup / cfg.train.steps)
 
 
 def evals(run: Path) -> pd.DataFrame:

@@ -227,6 +227,13 @@ def _cmd_downstream(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_study(args: argparse.Namespace) -> int:
+    from .study_runner import run_study
+
+    run_study(args.spec, args.stage, args.dry_run)
+    return 0
+
+
 def _cmd_table(args: argparse.Namespace) -> int:
     from .study import markdown, write_tables
 
@@ -279,6 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--finetune-steps", type=int, help="BBC fine-tuning steps (masked LM runs)")
     p.add_argument("--finetune-lr", type=float, help="BBC fine-tuning peak LR (masked LM runs)")
     p.set_defaults(func=_cmd_downstream)
+
+    p = sub.add_parser("study", help="run a study spec (experiments/studies/*.yaml): the baseline tuned on the tuning "
+                                     "split, every method on the same seeds, resumable; then the side-by-side table")
+    p.add_argument("spec")
+    p.add_argument("--stage", choices=("tune", "all"), default="all", help="tune: only the baseline's LR/warm-up")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and their state; train nothing")
+    p.set_defaults(func=_cmd_study)
 
     p = sub.add_parser("table", help="study tables from every run in results/ (and README's Results)")
     p.add_argument("--results", default="results")

@@ -76,6 +76,7 @@ class TrainConfig:
     micro_batch_size: int | None = None  # per process and forward pass (gradient accumulation); default: all of it
     compile: Any = False  # torch.compile the model: true (inductor) or a backend name
     peak_tflops: float | None = None  # per device, for the MFU column (default: known GPUs' dense bf16 peak)
+    fsdp: bool = False  # shard model and optimizer across processes (accelerate's FSDP2); 1 process: no effect
 
 
 @dataclass
@@ -271,7 +272,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"train.betas must be two numbers, got {t.betas!r}")
     for i, b in enumerate(t.betas):
         _number(b, f"train.betas[{i}]", 0, 1, high_open=True)
-    for name in ("bf16", "grad_checkpointing", "keep_snapshots"):
+    for name in ("bf16", "grad_checkpointing", "keep_snapshots", "fsdp"):
         _flag(getattr(t, name), f"train.{name}")
     if t.warmup > t.steps:
         raise ConfigError(f"train.warmup {t.warmup} exceeds train.steps {t.steps}")

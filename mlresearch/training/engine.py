@@ -10,11 +10,13 @@ uninterrupted run. A non-finite loss stops the run and keeps the last good check
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -267,12 +269,17 @@ def train_phase(
         if accelerator.is_main_process:
             tqdm.write(f"resuming {phase.name} at step {start} of {phase.steps} ({ckpt})", file=sys.stderr)
     accelerator.free_memory()  # drop the previous phase's references
-    model, optimizer = accelerator.prepare(model, optimizer)
+    seq = task_of(data.task).seq_len(cfg)
+    flops_per_example = train_flops_per_example(model, seq)
+    if t.fsdp and accelerator.num_processes > 1:
+        sharded = Sharded(model, cfg, phase.lr, accelerator.device)
+        model, optimizer, scheduler = sharded.shard(optimizer, scheduler, phase.schedule(t.schedule, t.min_lr_ratio))
+    else:
+        sharded = None
+        model, optimizer = accelerator.prepare(model, optimizer)
     raw = accelerator.unwrap_model(model)
     if t.compile:  # the compiled module shares raw's parameters; evaluation and checkpoints use raw
         model = torch.compile(model, **({} if t.compile is True else {"backend": t.compile}))
-    seq = task_of(data.task).seq_len(cfg)
-    flops_per_example = train_flops_per_example(raw, seq)
     tokens_per_example = seq or 1
     n_train, batch = len(data.train), t.batch_size
     rank, world = accelerator.process_index, accelerator.num_processes
@@ -344,21 +351,101 @@ def train_phase(
                            file=sys.stderr)
         if done % t.checkpoint_every == 0 or done == phase.steps or fired:
             accelerator.wait_for_everyone()
-            bad = nonfinite_parameters(raw)
+            # Under FSDP every rank gathers the whole model and optimizer state (a collective) into
+            # an unsharded copy: what is checkpointed, and what the phase hands to the next transition.
+            whole, whole_opt = sharded.gather(raw, optimizer) if sharded else (raw, optimizer)
+            bad = nonfinite_parameters(whole)
             if bad:  # a finite loss can come from weights an update has just broken: never checkpoint them
                 raise TrainingDiverged(f"parameters {bad[:3]}{' ...' if len(bad) > 3 else ''} are not finite in phase "
                                        f"{phase.name} after step {done}; stopping. The last good checkpoint is {last_good}")
             if accelerator.is_main_process:
-                save_checkpoint(ckpt, raw, optimizer, scheduler, done, ledger, log.count, curve, ended=fired)
+                save_checkpoint(ckpt, whole, whole_opt, scheduler, done, ledger, log.count, curve, ended=fired)
                 last_good = f"{ckpt} (step {done})"
                 if t.keep_snapshots:
-                    save_model(raw, ckpt_dir / "snapshots" / f"{phase.name}-{done:07d}", overwrite=True)
+                    save_model(whole, ckpt_dir / "snapshots" / f"{phase.name}-{done:07d}", overwrite=True)
             accelerator.wait_for_everyone()
         fault_point(f"step:{phase.name}:{done}")
         if fired:
             break
     bar.close()
+    if sharded:  # the phase always ends on a checkpoint step, so the gathered copy is the trained model
+        return whole, whole_opt
     return raw, getattr(optimizer, "optimizer", optimizer)
+
+
+class Sharded:
+    """A phase trained with ``train.fsdp`` on several processes: FSDP2 (``torch.distributed.fsdp.
+    fully_shard``) with each of the family's blocks (its ``layers``) a shard unit and the root
+    holding the rest, so every process keeps 1/N of each parameter and of its Adam moments.
+
+    The model and optimizer go in and come out unsharded: the operators, checkpoints and transitions
+    between phases never see a shard. A carried or resumed optimizer's state is moved over by
+    parameter name (``torch.distributed.checkpoint.state_dict``), and gathered back whole, on every
+    process, at each checkpoint and at the phase's end. (accelerate's FSDP plugin does the same
+    ``fully_shard`` but only on GPUs; applied here it is one code path, tested on CPU with gloo.)"""
+
+    def __init__(self, model: nn.Module, cfg: RunConfig, lr: float, device) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        self.model, self.cfg, self.lr = model.to(device), cfg, lr
+        self.plain = copy.deepcopy(self.model)  # the unsharded module gathered weights go back into
+        self.full = StateDictOptions(full_state_dict=True, cpu_offload=False)  # every rank gets everything
+
+    def shard(self, optimizer, scheduler, schedule):
+        """Shard the model in place; a new optimizer over the shards with the old one's hyper-parameters
+        and state, and a scheduler at the old one's position."""
+        from operator import attrgetter
+
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+        from torch.distributed.fsdp import fully_shard
+
+        from ..families import family_of
+
+        model = self.model
+        carried = get_optimizer_state_dict(model, optimizer, options=self.full) if optimizer.state else None
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        for block in attrgetter(family_of(model).layers)(model):
+            fully_shard(block)
+        fully_shard(model)
+        sharded_opt = new_optimizer(model, self.cfg, self.lr)
+        for group, saved in zip(sharded_opt.param_groups, groups):
+            group.update(saved)
+        sharded_sched = torch.optim.lr_scheduler.LambdaLR(sharded_opt, schedule)
+        sharded_sched.load_state_dict({"lr_lambdas": [None] * len(groups),
+                                       **{k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}})
+        for group, saved in zip(sharded_opt.param_groups, groups):  # the LR where the old schedule was
+            group.update(saved)
+        if carried is not None:
+            set_optimizer_state_dict(model, sharded_opt, carried, options=self.full)
+        return model, sharded_opt, sharded_sched
+
+    def gather(self, model: nn.Module, optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The whole model and optimizer, unsharded, on every process (a collective: all call it)."""
+        from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                             set_optimizer_state_dict)
+
+        self.plain.load_state_dict(get_model_state_dict(model, options=self.full))
+        state = get_optimizer_state_dict(model, optimizer, options=self.full)
+        plain_opt = new_optimizer(self.plain, self.cfg, self.lr)
+        for group, sharded in zip(plain_opt.param_groups, optimizer.param_groups):  # (initial_lr, the LR now)
+            group.update({k: v for k, v in sharded.items() if k != "params"})
+        set_optimizer_state_dict(self.plain, plain_opt, state, options=self.full)
+        return self.plain, plain_opt
+
+
+@contextmanager
+def no_sync(model, accelerator):
+    """Gradients stay local (no all-reduce / reduce-scatter) inside: DDP's ``no_sync``, FSDP2's
+    ``set_requires_gradient_sync(False)``."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        with accelerator.no_sync(model):
+            yield
 
 
 def accumulate(model, data: Data, idx: np.ndarray, micro: int, data_step: int, cfg: RunConfig, accelerator) -> torch.Tensor:
@@ -373,7 +460,7 @@ def accumulate(model, data: Data, idx: np.ndarray, micro: int, data_step: int, c
     total = torch.zeros((), device=accelerator.device)
     for j, i in enumerate(starts):
         inputs = {k: v[i:i + micro].to(accelerator.device) for k, v in batch.items()}
-        with accelerator.no_sync(model) if j < len(starts) - 1 else nullcontext():
+        with no_sync(model, accelerator) if j < len(starts) - 1 else nullcontext():
             with torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=cfg.train.bf16):
                 loss, _ = compute_loss(model, inputs, data.task)
             loss = loss * (min(micro, len(idx) - i) / len(idx))

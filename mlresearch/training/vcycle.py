@@ -254,6 +254,8 @@ class Run:
                    "final_full_val": final, "final_test": test, "flops_total": self.ledger.flops,
                    "wall_total": self.ledger.wall, "examples_total": self.ledger.examples,
                    "phases": self.phases, "data": self.data.info}
+        if self.data.tune is not None and len(self.data.tune):  # for choices among runs, not the target
+            summary["final_tune"] = evaluate(model, self.data, self.cfg, "tune", batches=10**9)
         if self.accelerator.is_main_process:
             save_model(model, self.out / "final_model", overwrite=True)
             write_json(self.out / "summary.json", summary)

@@ -1,0 +1,124 @@
+"""Seconds per training step of every model shape a study uses, on a quiet machine.
+
+Measured wall time on a shared 2-core machine is noise (the same model ran 0-45% slower per step in
+one run than in another), so no wall-time saving is claimed from it. Instead every shape any run of
+the study passes through (from each run's plan) is timed here, through the engine's own
+``train_phase`` on the experiment's data: ``--repeats`` fresh models, each ``--warmup`` steps not
+timed, then ``--steps`` timed steps (the ledger's training wall: no evaluation, no checkpoint). The
+median over repeats, with its min and max, goes to ``results/tables/step_time.csv``; ``mlresearch
+table`` then models each run's training wall time as sum(steps x seconds per step of the phase's
+shape) beside the measured one. Nothing else may run while this does.
+
+    python experiments/bench_shapes.py experiments/studies/gpt2_regime.yaml [--steps 40 --repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import torch
+import yaml
+
+from mlresearch.checkpoint import atomic_write_text
+from mlresearch.data.datasets import load_data
+from mlresearch.results import REPO, provenance
+from mlresearch.study import shape_key
+from mlresearch.study_runner import load_study
+from mlresearch.training.config import ConfigError, load_config
+from mlresearch.training.engine import Ledger, MetricsLog, Phase, train_phase
+from mlresearch.training.methods import METHODS, planned_ledger
+from mlresearch.training.models import build_model, data_settings
+
+
+def study_shapes(spec: dict) -> dict:
+    """shape key -> sizes for every phase of every run the study makes."""
+    config = REPO / "experiments" / "configs" / f"{spec['config']}.yaml"
+    shapes = {}
+    for method, sets in [("baseline", [])] + [(r["method"], r.get("set", [])) for r in spec["runs"].values()]:
+        for phase in planned_ledger(load_config(config, sets), method)["phases"]:
+            shapes.setdefault(shape_key(phase["sizes"]), phase["sizes"])
+    return shapes
+
+
+def config_shapes(config: Path) -> dict:
+    """shape key -> sizes for every phase of every method a run config can plan (a preset)."""
+    shapes = {}
+    for method in sorted(METHODS):
+        try:
+            phases = planned_ledger(load_config(config), method)["phases"]
+        except ConfigError:  # a method this preset cannot plan
+            continue
+        for phase in phases:
+            shapes.setdefault(shape_key(phase["sizes"]), phase["sizes"])
+    return shapes
+
+
+def seconds_per_step(cfg, sizes, data, steps: int, warmup: int) -> float:
+    from accelerate import Accelerator
+
+    model = build_model(cfg, data.vocab_size or None, data.special, sizes=sizes).train()
+    with tempfile.TemporaryDirectory() as tmp:
+        ledger = Ledger()
+        log = MetricsLog(Path(tmp) / "metrics.jsonl")
+        run = lambda n, name: train_phase(model, None, Phase(name, 1, n, cfg.train.lr, min(cfg.train.warmup, n)),  # noqa: E731
+                                          data, cfg, Accelerator(cpu=not torch.cuda.is_available()), log, ledger,
+                                          Path(tmp) / "ck")
+        model, _ = run(warmup, "warm")
+        before = ledger.wall
+        run(steps, "timed")
+        return (ledger.wall - before) / steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("spec", help="a study spec (experiments/studies/*.yaml: the shapes of its runs) or a preset "
+                                 "(experiments/configs/*.yaml: the shapes of every method it plans)")
+    ap.add_argument("--steps", type=int, default=40, help="timed steps per repeat")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    path = Path(args.spec)
+    if "experiment" in (yaml.safe_load(path.read_text()) or {}):
+        config, shapes, root = path, config_shapes(path), "results"
+    else:
+        spec = load_study(path)
+        config = REPO / "experiments" / "configs" / f"{spec['config']}.yaml"
+        shapes, root = study_shapes(spec), spec.get("root", "results")
+    # Every shape trains on the experiment's data and batch; nothing evaluates or checkpoints mid-phase.
+    cfg = load_config(config, ["train.eval_every=1000000000", "train.eval_batches=1",
+                               "train.checkpoint_every=1000000000", "train.log_every=1000000000"])
+    torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
+    data = load_data(cfg.task, data_settings(cfg), cfg.seed)
+    rows = []
+    for key, sizes in shapes.items():
+        times = []
+        for i in range(args.repeats):
+            torch.manual_seed(i)
+            times.append(seconds_per_step(cfg, sizes, data, args.steps, args.warmup))
+        rows.append({"experiment": cfg.experiment, "shape": key, "seconds_per_step": statistics.median(times),
+                     "min": min(times), "max": max(times), "repeats": args.repeats, "steps": args.steps,
+                     "batch_size": cfg.train.batch_size, "threads": torch.get_num_threads(),
+                     "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
+                     or platform.machine(), "git_commit": provenance({}, 0)["git_commit"]})
+        print(f"{key:>14}: {rows[-1]['seconds_per_step'] * 1e3:7.2f} ms/step (median of {args.repeats}; "
+              f"min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f})", flush=True)
+    out = REPO / root / "tables" / "step_time.csv"
+    table = pd.DataFrame(rows)
+    if out.exists():  # other shapes stay
+        previous = pd.read_csv(out)
+        keep = ~previous.set_index(["experiment", "shape"]).index.isin(table.set_index(["experiment", "shape"]).index)
+        table = pd.concat([previous[keep], table], ignore_index=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, table.to_csv(index=False))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()

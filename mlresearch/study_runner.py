@@ -1,0 +1,315 @@
+"""Run a study spec (experiments/studies/*.yaml): every method on the same seeds, one run at a
+time, resumable (a finished run is skipped, a killed one resumes), choices made on the tuning split.
+
+1. **Fair baseline.** The baseline's peak LR (at the preset's warm-up), then its warm-up (at the best
+   LR), on the spec's tuning seed; every candidate is judged on the *tuning split* (documents held
+   out of training and of the validation split that defines the target). The candidates and the
+   choice go to ``<root>/tables/baseline_tuning.csv``; the chosen LR and warm-up are every seed's
+   baseline. A spec without ``tuning`` uses the preset's.
+2. **Every run on its seeds**: the main rows on ``seeds``, the rest on ``variant_seeds``; the
+   ``best`` V-cycle (lowest mean tuning loss over ``variant_seeds`` among ``best.among``) then runs
+   on every seed. Runs land in ``<root>/<experiment>/``.
+3. **The answer**: each run against the baseline of its seed (mean and spread over seeds), and the
+   study's CPU-hour total: each run's CPU seconds (the child process's ``getrusage``) are added to
+   ``<run>/cpu.json``.
+
+``mlresearch study SPEC [--stage tune|runs|all] [--dry-run]``
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from .checkpoint import atomic_write_text
+from .errors import MLResearchError
+from .results import REPO, provenance
+from .training.config import load_config
+from .training.vcycle import config_differences, default_out
+
+
+
+class StudyError(MLResearchError, ValueError):
+    """A study spec that cannot run, or a run of it that failed."""
+
+
+STUDY_KEYS = {"config", "root", "tuning", "seeds", "variant_seeds", "runs", "best"}
+
+
+def load_study(path: str | Path) -> dict:
+    """A study spec (experiments/studies/*.yaml): which runs, on which seeds, how the baseline is
+    tuned and among which variants the best is chosen. Checked whole before any run starts."""
+    from .training.methods import METHODS
+
+    path = Path(path)
+    if not path.is_file():
+        raise StudyError(f"study spec {path} does not exist")
+    spec = yaml.safe_load(path.read_text()) or {}
+
+    def bad(what: str):
+        return StudyError(f"study spec {path}: {what}")
+
+    if not isinstance(spec, dict) or set(spec) - STUDY_KEYS or not {"config", "runs", "seeds"} <= set(spec):
+        raise bad(f"needs config, runs and seeds, and only the keys {sorted(STUDY_KEYS)}")
+    spec.setdefault("variant_seeds", spec["seeds"])
+    spec.setdefault("tuning", {"seed": spec["seeds"][0], "lr": [], "warmup": []})
+    runs = spec["runs"]
+    for name, item in runs.items():
+        if name == "baseline" or not isinstance(item, dict) or item.get("method") not in METHODS:
+            raise bad(f"run {name!r} needs a method among {sorted(METHODS)} (and may not be called baseline)")
+        if set(item) - {"method", "set", "main", "equal_flops"}:
+            raise bad(f"run {name!r} has unknown keys {sorted(set(item) - {'method', 'set', 'main', 'equal_flops'})}")
+    among = (spec.get("best") or {}).get("among", [])
+    if "best" in spec and (not among or set(among) - set(runs)):
+        raise bad(f"best.among names runs the spec does not have: {sorted(set(among) - set(runs)) or 'none given'}")
+    if not set(spec["variant_seeds"]) <= set(spec["seeds"]):
+        raise bad("variant_seeds must be a subset of seeds")
+    return spec
+
+
+def equal_flops_steps(cfg) -> tuple[int, int]:
+    """Steps (and warm-up, in the same proportion) for which ``cfg``'s small-model control costs the
+    baseline's planned FLOPs: the strongest small model at equal compute."""
+    from .training.methods import planned_ledger
+
+    base = planned_ledger(cfg, "baseline")["flops"]
+    small = planned_ledger(cfg, "small")
+    per_step = small["flops"] / small["phases"][0]["steps"]
+    steps = math.ceil(base / per_step)
+    return steps, round(steps * cfg.train.warmup / cfg.train.steps)
+
+
+def tuning_loss(run: str | Path) -> float:
+    """A finished run's final loss on its tuning split: documents held out of training *and* of the
+    validation split that defines the target, so choices among runs (the baseline's LR and warm-up,
+    the best variant of a method) never look at the target. Read from the summary (``final_tune``);
+    a run finished before summaries carried it is scored once from its final model and cached in
+    ``<run>/tune.json``."""
+    from .checkpoint import atomic_write_text, load_model
+    from .data.datasets import load_data
+    from .training.config import load_config
+    from .training.engine import evaluate
+    from .training.models import data_settings
+
+    run = Path(run)
+    summary = json.loads((run / "summary.json").read_text())
+    if "final_tune" in summary:
+        return float(summary["final_tune"]["tune_loss"])
+    cached = run / "tune.json"
+    if cached.exists():
+        return float(json.loads(cached.read_text())["tune_loss"])
+    if not (run / "final_model").is_dir():
+        raise FileNotFoundError(f"{run} has no final_tune in its summary and no final_model/ to score")
+    cfg = load_config(run / "config.yaml")
+    data = load_data(cfg.task, data_settings(cfg), cfg.seed)
+    result = evaluate(load_model(run / "final_model"), data, cfg, "tune", batches=10**9)
+    atomic_write_text(cached, json.dumps(result, indent=2) + "\n")
+    return float(result["tune_loss"])
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _sets(sets: list[str]) -> list[str]:
+    return [a for s in sets for a in ("--set", s)]
+
+
+class Study:
+    """One study spec, run: ``tune()``, then ``all_runs()``, then ``report()``."""
+
+    def __init__(self, path: str | Path, dry_run: bool = False):
+        from .training.vcycle import runs_root
+
+        self.spec = load_study(path)
+        name = self.spec["config"]
+        self.config = Path(name) if name.endswith(".yaml") else REPO / "experiments" / "configs" / f"{name}.yaml"
+        if not self.config.is_file():
+            raise StudyError(f"study spec {path}: config {self.config} does not exist")
+        self.root = runs_root(self.spec.get("root")).resolve()
+        self.experiment = load_config(self.config).experiment
+        self.home = self.root / self.experiment
+        self.dry_run = dry_run
+        self.baseline = (load_config(self.config).train.lr, load_config(self.config).train.warmup)
+        self.runs: dict = {}
+        from .training.methods import build_plan
+
+        for name, item in self.spec["runs"].items():  # every run's config and plan, before anything trains
+            try:
+                build_plan(load_config(self.config, item.get("set", [])), item["method"])
+            except MLResearchError as e:
+                raise StudyError(f"study spec {path}: run {name!r}: {e}") from None
+
+    def launch(self, out: Path, method: str, sets: list[str]) -> Path:
+        """One run in its own process (skipped when finished, resumed when killed); the CPU seconds
+        it takes are added to ``out/cpu.json``."""
+        if self.dry_run:
+            state = "finished" if (out / "summary.json").exists() else "started" if out.exists() else "to run"
+            print(f"[{state:8}] {out}  <- {method} {' '.join(sets)}")
+            return out
+        finished = (out / "summary.json").exists()
+        cpu, wall = cpu_seconds(), time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "mlresearch.cli", "run", str(self.config), "--method", method,
+                               *_sets(sets), "--out", str(out), "--resume", "--skip-done"],
+                              env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
+        if done.returncode:
+            raise StudyError(f"mlresearch run {self.config.name} --method {method} {' '.join(_sets(sets))} --out {out} "
+                             f"failed (exit {done.returncode}); run the study again to resume it")
+        if not finished and out.exists():
+            record = out / "cpu.json"
+            before = json.loads(record.read_text()) if record.exists() else {"cpu_seconds": 0.0, "wall_seconds": 0.0}
+            atomic_write_text(record, json.dumps({"cpu_seconds": before["cpu_seconds"] + cpu_seconds() - cpu,
+                                                  "wall_seconds": before["wall_seconds"] + time.perf_counter() - wall},
+                                                 indent=2) + "\n")
+        return out
+
+    # ----------------------------------------------------------------------------------- tuning
+    def candidate(self, lr: float, warmup: int) -> Path:
+        """A tuning run (its directory): the experiment's own baseline when it is that configuration."""
+        seed = self.spec["tuning"]["seed"]
+        sets = [f"seed={seed}", f"train.lr={lr}", f"train.warmup={warmup}"]
+        main = self.home / f"baseline-seed{seed}"
+        if (main / "summary.json").exists() and not config_differences(main, load_config(self.config, sets), "baseline"):
+            return main
+        out = self.root / f"{self.experiment}-tuning" / f"baseline-lr{lr:g}-wu{warmup}-seed{seed}"
+        return self.launch(out, "baseline", sets)
+
+    def tune(self) -> tuple[float, int]:
+        """The baseline's LR at the preset's warm-up, then its warm-up at the best LR, judged on the
+        tuning split; sets and returns the choice (the preset's when the spec tunes nothing)."""
+        t = self.spec["tuning"]
+        preset_lr, preset_warmup = self.baseline
+        if not t.get("lr") and not t.get("warmup"):
+            return self.baseline
+        rows = []
+
+        def score(lr, warmup):
+            run = self.candidate(lr, warmup)
+            if self.dry_run:  # list the candidates as if the preset won
+                return float(lr != preset_lr or warmup != preset_warmup)
+            rows.append({"experiment": self.experiment, "seed": t["seed"], "lr": lr, "warmup": warmup,
+                         "tune_loss": tuning_loss(run), "run": str(run.relative_to(self.root))})
+            return rows[-1]["tune_loss"]
+
+        lr = min(t.get("lr") or [preset_lr], key=lambda x: score(x, preset_warmup))
+        for w in t.get("warmup", []):
+            if w != preset_warmup:
+                score(lr, w)
+        if self.dry_run:
+            return self.baseline
+        warmup = min((r for r in rows if r["lr"] == lr), key=lambda r: r["tune_loss"])["warmup"]
+        table = pd.DataFrame(rows).assign(chosen=lambda d: (d.lr == lr) & (d.warmup == warmup),
+                                          git_commit=provenance({}, 0)["git_commit"])
+        out = self.root / "tables" / "baseline_tuning.csv"
+        previous = pd.read_csv(out) if out.exists() else pd.DataFrame()
+        if len(previous):  # other experiments' rows stay
+            table = pd.concat([previous[previous.experiment != self.experiment], table], ignore_index=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, table.to_csv(index=False))
+        print(f"{self.experiment}: baseline tuned over {len(rows)} runs on the tuning split: lr {lr:g}, warm-up "
+              f"{warmup} (tuning loss {min(r['tune_loss'] for r in rows):.4f}); wrote {out}")
+        self.baseline = (lr, warmup)
+        return self.baseline
+
+    # ------------------------------------------------------------------------------------- runs
+    def run(self, name: str, seed: int) -> Path:
+        if name == "baseline":
+            lr, warmup = self.baseline
+            sets, method, equal = [f"seed={seed}", f"train.lr={lr}", f"train.warmup={warmup}"], "baseline", False
+        else:
+            item = self.spec["runs"][name]
+            sets, method, equal = [f"seed={seed}", *item.get("set", [])], item["method"], item.get("equal_flops")
+            if equal:  # as many steps as the baseline's FLOPs buy this method's model
+                steps, warmup = equal_flops_steps(load_config(self.config, sets))
+                sets += [f"train.steps={steps}", f"train.warmup={warmup}"]
+        cfg = load_config(self.config, sets)
+        out = self.home / f"{name}-equalflops-seed{seed}" if equal else default_out(cfg, method, self.root)
+        if name == "baseline" and seed == self.spec["tuning"]["seed"] and not out.exists() and not self.dry_run:
+            self._adopt(self.candidate(*self.baseline), out)  # the chosen tuning run is this seed's baseline
+        changed = config_differences(out, cfg, method) if (out / "summary.json").exists() else []
+        if changed:
+            raise StudyError(f"{out} is finished with another configuration (differs in {', '.join(changed)}); move "
+                             "it away (an untuned baseline, say) and run the study again")
+        self.runs[name, seed] = self.launch(out, method, sets)
+        return self.runs[name, seed]
+
+    @staticmethod
+    def _adopt(candidate: Path, out: Path) -> None:
+        """Copy a finished tuning run (not its checkpoints) to ``out``: written beside it, then renamed."""
+        import shutil
+
+        if candidate == out or not (candidate / "summary.json").exists():
+            return
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(candidate, tmp, ignore=shutil.ignore_patterns("checkpoints", ".lock", "cpu.json"))
+        record = json.loads((tmp / "provenance.json").read_text())
+        record["copied_from"] = str(candidate)
+        atomic_write_text(tmp / "provenance.json", json.dumps(record, indent=2) + "\n")
+        tmp.rename(out)
+
+    def best(self) -> str:
+        """The candidate V-cycle with the lowest mean tuning loss over ``variant_seeds``."""
+        seeds = self.spec["variant_seeds"]
+        scores = {n: sum(tuning_loss(self.runs[n, s]) for s in seeds) / len(seeds) for n in self.spec["best"]["among"]}
+        choice = min(scores, key=scores.get)
+        print(f"best (mean tuning loss, seeds {', '.join(map(str, seeds))}): " +
+              ", ".join(f"{n} {v:.4f}" for n, v in sorted(scores.items(), key=lambda kv: kv[1])) + f" -> {choice}")
+        return choice
+
+    def all_runs(self) -> None:
+        seeds, variant_seeds = self.spec["seeds"], self.spec["variant_seeds"]
+        for seed in seeds:
+            for name in ["baseline", *self.spec["runs"]]:
+                main = name == "baseline" or self.spec["runs"][name].get("main")
+                if main or seed in variant_seeds:
+                    self.run(name, seed)
+        if "best" in self.spec and not self.dry_run:
+            choice = self.best()
+            for seed in seeds:
+                self.run(choice, seed)
+
+    # ----------------------------------------------------------------------------------- report
+    def report(self) -> pd.DataFrame:
+        """Every finished run of the spec against the baseline of its seed (mean and spread over
+        seeds), then the study's CPU-hour total."""
+        from .study import collect, markdown, variants
+
+        mine = {p.name for p in self.runs.values()}
+        runs = collect(self.root)
+        runs = runs[(runs.experiment == self.experiment) & runs.run.isin(mine)] if len(runs) else runs
+        table = variants(runs)
+        if len(table):
+            print(markdown(table))
+        dirs = [d for d in (*self.home.glob("*/"), *(self.root / f"{self.experiment}-tuning").glob("*/"))
+                if (d / "summary.json").exists() and (d.parent != self.home or d.name in mine)
+                and "copied_from" not in json.loads((d / "provenance.json").read_text())]  # counted where it ran
+        recorded = [json.loads((d / "cpu.json").read_text())["cpu_seconds"] for d in dirs if (d / "cpu.json").exists()]
+        missing = [d for d in dirs if not (d / "cpu.json").exists()]
+        # Runs trained before CPU time was recorded: training wall time x threads (a lower bound: it
+        # leaves out evaluation and checkpoints).
+        estimate = sum(json.loads((d / "summary.json").read_text())["wall_total"] *
+                       (load_config(d / "config.yaml").train.threads or 1) for d in missing)
+        print(f"{self.experiment}: {len(dirs)} finished runs, {sum(recorded) / 3600:.2f} CPU-hours recorded "
+              f"({len(recorded)} runs)" + (f" + ~{estimate / 3600:.2f} estimated for {len(missing)} runs trained before "
+                                            "CPU time was recorded (training wall time x threads)" if missing else ""))
+        return table
+
+
+def run_study(path: str | Path, stage: str = "all", dry_run: bool = False) -> pd.DataFrame:
+    """``mlresearch study SPEC``: tune the baseline, run everything (``stage="all"``), report."""
+    study = Study(path, dry_run)
+    study.tune()
+    if stage != "tune":
+        study.all_runs()
+    return study.report()

@@ -1,0 +1,90 @@
+"""The study runner (`mlresearch study SPEC`): specs checked whole before anything trains, the
+baseline tuned on the tuning split only, every run on its seeds, resumable, CPU time recorded."""
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import CONFIGS
+from mlresearch.study_runner import StudyError, Study, load_study, run_study, tuning_loss
+
+
+def _spec(tmp_path, **changes):
+    config = yaml.safe_load((CONFIGS / "gpt2_smoke.yaml").read_text())
+    config["data"]["tune_fraction"] = 0.1
+    config["train"]["steps"] = 6
+    config["vcycle"].update(down_steps=[2], small_steps=2, up_steps=[4])
+    (tmp_path / "smoke.yaml").write_text(yaml.safe_dump(config))
+    spec = {"config": str(tmp_path / "smoke.yaml"), "root": str(tmp_path / "runs"), "seeds": [0],
+            "tuning": {"seed": 0, "lr": [0.003, 0.01], "warmup": [1]},
+            "runs": {"paper": {"method": "vcycle", "main": True},
+                     "a1": {"method": "vcycle", "set": ["vcycle.alpha=1.0"]}},
+            "best": {"among": ["paper", "a1"]}}
+    spec.update(changes)
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(spec))
+    return tmp_path / "study.yaml"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"runs": {"x": {"method": "nope"}}}, "run 'x' needs a method"),
+    ({"runs": {"x": {"method": "vcycle", "sett": []}}}, "unknown keys"),
+    ({"best": {"among": ["missing"]}}, "best.among names runs the spec does not have"),
+    ({"variant_seeds": [5]}, "variant_seeds must be a subset of seeds"),
+    ({"colour": "red"}, "only the keys"),
+])
+def test_a_bad_spec_is_one_clear_line_before_anything_runs(tmp_path, change, message):
+    with pytest.raises(StudyError, match=message):
+        load_study(_spec(tmp_path, **change))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_the_config_cannot_plan_is_refused_before_training(tmp_path):
+    path = _spec(tmp_path, runs={"bad": {"method": "vcycle", "set": ["vcycle.levels=9"]}}, best={"among": ["bad"]})
+    with pytest.raises(StudyError, match="run 'bad'"):
+        Study(path)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_study_tunes_on_the_tuning_split_runs_every_seed_and_resumes(tmp_path, capsys):
+    path = _spec(tmp_path)
+    table = run_study(path)
+    runs = tmp_path / "runs"
+    tuning = pd.read_csv(runs / "tables" / "baseline_tuning.csv")
+    # 2 LRs at the preset's warm-up, then the other warm-up at the best LR: 3 candidates, scored on
+    # the tuning split (recomputed here from each candidate's final model), the best one chosen.
+    assert len(tuning) == 3 and tuning.chosen.sum() == 1
+    for row in tuning.itertuples():
+        assert row.tune_loss == pytest.approx(tuning_loss(runs / row.run))
+    best = tuning.loc[tuning.tune_loss.idxmin()]
+    assert bool(best.chosen)
+    baseline = yaml.safe_load((runs / "gpt2_smoke" / "baseline-seed0" / "config.yaml").read_text())["train"]
+    assert (baseline["lr"], baseline["warmup"]) == (best.lr, best.warmup)
+    # The chosen candidate's summary carries its tuning loss; the target (validation) is never read for the choice.
+    summary = json.loads((runs / "gpt2_smoke" / "baseline-seed0" / "summary.json").read_text())
+    assert summary["final_tune"]["tune_loss"] == pytest.approx(best.tune_loss)
+    assert set(table.alpha) == {"0.25", "1.0"} and len(table) == 2
+    out = capsys.readouterr().out
+    assert "-> paper" in out or "-> a1" in out  # the best V-cycle by tuning loss, named
+    assert "CPU-hours recorded" in out
+    adopted = json.loads((runs / "gpt2_smoke" / "baseline-seed0" / "provenance.json").read_text())["copied_from"]
+    assert adopted == str(runs / best.run)  # the chosen tuning run is seed 0's baseline, not trained twice
+    for d in [*(runs / "gpt2_smoke").iterdir(), *(runs / "gpt2_smoke-tuning").iterdir()]:
+        assert d.name == "baseline-seed0" or json.loads((d / "cpu.json").read_text())["cpu_seconds"] > 0
+    # Run again: every run is finished, nothing trains (the metrics files stay byte for byte).
+    before = {d.name: (d / "metrics.jsonl").read_bytes() for d in (runs / "gpt2_smoke").iterdir()}
+    run_study(path)
+    assert before == {d.name: (d / "metrics.jsonl").read_bytes() for d in (runs / "gpt2_smoke").iterdir()}
+
+
+def test_a_finished_run_with_another_configuration_is_not_reused(tmp_path):
+    path = _spec(tmp_path, tuning={"seed": 0, "lr": [], "warmup": []}, runs={"paper": {"method": "vcycle"}},
+                 best={"among": ["paper"]})
+    run_study(path)
+    # The preset changes under the finished baseline: the study says which run and why, and stops.
+    config = yaml.safe_load((tmp_path / "smoke.yaml").read_text())
+    config["train"]["lr"] = 0.02
+    (tmp_path / "smoke.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(StudyError, match="baseline-seed0 is finished with another configuration .*train.lr"):
+        run_study(path)
