@@ -4,7 +4,8 @@
 #   1. the smoke presets of every task in bf16, eager and torch.compile'd (loss must match within bf16);
 #   2. a GPT-2-124M-shaped model (12L/768d, 512 tokens, GPT-2's vocabulary) for a few hundred steps in bf16
 #      with torch.compile: tokens/s, MFU (against the device's dense bf16 peak) and peak memory;
-#   3. a V-cycle of the same shape for a few hundred steps in all (coalesce, small model, de-coalesce, merge).
+#   3. a V-cycle of the same shape for a few hundred steps in all (coalesce, small model, de-coalesce, merge);
+#   4. with 2+ GPUs: the GPT-2 smoke V-cycle under FSDP (torchrun, NCCL), against one GPU.
 #     bash experiments/gpu_check.sh [OUT_DIR]        (default /tmp/mlresearch-gpu-check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,4 +56,14 @@ mlresearch run experiments/configs/gpt2_tiny.yaml --method vcycle --out "$out/gp
   --set vcycle.lr=[0.0006,0.0012]
 summary "$out/gpt2-124m-vcycle"
 grep -h '"interpolated"' "$out/gpt2-124m-vcycle/metrics.jsonl" || true
+gpus=$(python -c "import torch; print(torch.cuda.device_count())")
+if [ "$gpus" -ge 2 ]; then
+  echo "== 4. FSDP on 2 GPUs (the smoke V-cycle, optimizer carried) against 1 GPU"
+  mlresearch vcycle experiments/configs/gpt2_smoke.yaml --out "$out/fsdp-1gpu" --overwrite --set vcycle.optimizer=carry
+  torchrun --nproc_per_node 2 -m mlresearch.cli vcycle experiments/configs/gpt2_smoke.yaml --out "$out/fsdp-2gpu" \
+    --overwrite --set vcycle.optimizer=carry --set train.fsdp=true
+  summary "$out/fsdp-1gpu" "$out/fsdp-2gpu"
+else
+  echo "== 4. FSDP: skipped ($gpus GPU; it needs 2)"
+fi
 echo "gpu check done: $out"

@@ -174,20 +174,22 @@ def test_two_process_run_matches_one_process(tmp_path):
 
 
 def test_fsdp_two_process_vcycle_matches_one_process(tmp_path):
-    """FSDP (accelerate's FSDP2, gloo on CPU): two processes each hold half of every block's
-    parameters and Adam moments; the phases hand unsharded models (and, with optimizer carry, the
-    gathered moments) to the operators, and checkpoint them whole. The run must match one plain
+    """FSDP2 (gloo on CPU): two processes each hold half of every block's parameters and Adam
+    moments, and accumulate 2 micro-batches with gradient sync off for the first; the phases hand
+    unsharded models (and, with optimizer carry, the gathered moments) to the operators, and
+    checkpoint them whole. The run must match one plain
     process step for step, and its checkpoints and final model must be ordinary unsharded ones."""
     from mlresearch.checkpoint import load_model
 
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     config = str(CONFIGS / "gpt2_smoke.yaml")
     common = ["--set", "vcycle.optimizer=carry", "--set", "train.checkpoint_every=3"]
+    fsdp_args = ["--set", "train.fsdp=true", "--set", "train.micro_batch_size=2"]  # 2 micro-batches a process
     one = _cli(["vcycle", config, "--out", str(tmp_path / "one"), *common])
     assert one.returncode == 0, one.stderr[-2000:]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     two = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29534", "-m", "mlresearch.cli", "vcycle",
-                          config, "--out", str(tmp_path / "two"), *common, "--set", "train.fsdp=true"],
+                          config, "--out", str(tmp_path / "two"), *common, *fsdp_args],
                          env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
     a = [r for r in read_metrics(tmp_path / "one") if "train_loss" in r]
@@ -207,7 +209,7 @@ def test_fsdp_two_process_vcycle_matches_one_process(tmp_path):
     # Killed in the up-phase after its step-3 checkpoint (whole model, gathered moments): resuming
     # re-shards them and continues to the uninterrupted run's rows.
     fsdp = [torchrun, "--nproc_per_node", "2", "--master_port", "29535", "-m", "mlresearch.cli", "vcycle", config,
-            "--out", str(tmp_path / "killed"), *common, "--set", "train.fsdp=true"]
+            "--out", str(tmp_path / "killed"), *common, *fsdp_args]
     killed = subprocess.run(fsdp, env=dict(env, MLRESEARCH_FAULT="step:up1:5"), capture_output=True, text=True,
                             cwd=REPO, timeout=300)
     assert killed.returncode != 0 and not (tmp_path / "killed" / "summary.json").exists()

@@ -2,7 +2,8 @@
 
 A run is a sequence of *phases* (the baseline is one; a V-cycle has one per level visit). Each
 phase trains one model with AdamW (or a carried optimizer) under warm-up + linear/cosine decay,
-through ``accelerate`` (so ``torchrun`` / ``accelerate launch`` give DDP), logs to the run's
+through ``accelerate`` (so ``torchrun`` / ``accelerate launch`` give DDP; ``train.fsdp``: FSDP2,
+see :class:`Sharded`), logs to the run's
 ``metrics.jsonl``, adds its FLOPs to the ledger, and checkpoints atomically (model safetensors,
 optimizer, scheduler, RNG, data position, ledger) so that ``--resume`` reproduces an
 uninterrupted run. A non-finite loss stops the run and keeps the last good checkpoint.
