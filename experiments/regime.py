@@ -2,7 +2,8 @@
 FLOPs? Only then can a growth method's saving mean something (issue: evidence that answers the
 question). For each experiment and seed, one run at a time, resumable:
 
-1. the baseline (``--method baseline``) at the preset's budget;
+1. the baseline (``--method baseline``) at the preset's budget, with the LR and warm-up ``mlresearch
+   study`` chose for it on the tuning split when it has (``results/tables/baseline_tuning.csv``);
 2. the small shape (the V-cycle's smallest level) trained alone, with its own warm-up + decay
    schedule, for as many steps as the baseline's FLOPs buy it (``--method small``, more steps): the
    strongest small-model control at equal compute.
@@ -51,6 +52,18 @@ def at_flops(curve: pd.DataFrame, flops: float) -> float:
     return float(np.interp(np.log(flops), np.log(curve.flops), curve.val_loss))
 
 
+def tuned_baseline(root: Path, experiment: str) -> list[str]:
+    """The baseline's LR and warm-up as ``mlresearch study`` chose them on the tuning split
+    (``<root>/tables/baseline_tuning.csv``), or the preset's when it has not tuned them."""
+    path = root / "tables" / "baseline_tuning.csv"
+    if not path.exists():
+        return []
+    chosen = pd.read_csv(path).query("experiment == @experiment and chosen")
+    if chosen.empty:
+        return []
+    return ["--set", f"train.lr={chosen.lr.iloc[0]:g}", "--set", f"train.warmup={int(chosen.warmup.iloc[0])}"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("experiments", nargs="+", help="preset names in experiments/configs (e.g. gpt2_regime)")
@@ -66,7 +79,7 @@ def main() -> None:
             steps, warmup = equal_flops_steps(cfg)
             small_out = root / cfg.experiment / f"small-equalflops-seed{seed}"
             mlresearch("run", str(config), "--method", "baseline", "--root", str(root), "--resume", "--skip-done",
-                       "--set", f"seed={seed}")
+                       "--set", f"seed={seed}", *tuned_baseline(root, cfg.experiment))
             mlresearch("run", str(config), "--method", "small", "--out", str(small_out), "--resume", "--skip-done",
                        "--set", f"seed={seed}", "--set", f"train.steps={steps}", "--set", f"train.warmup={warmup}")
             base_dir = root / cfg.experiment / f"baseline-seed{seed}"
