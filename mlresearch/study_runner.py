@@ -6,7 +6,7 @@ time, resumable (a finished run is skipped, a killed one resumes), choices made 
    out of training and of the validation split that defines the target). The candidates and the
    choice go to ``<root>/tables/baseline_tuning.csv``; the chosen LR and warm-up are every seed's
    baseline. A spec without ``tuning`` uses the preset's.
-2. **Every run on its seeds**: the main rows on ``seeds``, the rest on ``variant_seeds``; the
+2. **Every run on its seeds**: the main rows on ``seeds`` first, then the rest on ``variant_seeds``; the
    ``best`` V-cycle (lowest mean tuning loss over ``variant_seeds`` among ``best.among``) then runs
    on every seed. Runs land in ``<root>/<experiment>/``.
 3. **The answer**: each run against the baseline of its seed (mean and spread over seeds), and the
@@ -268,11 +268,15 @@ class Study:
         return choice
 
     def all_runs(self) -> None:
+        """The main rows on every seed first (they answer the question), then the variants."""
         seeds, variant_seeds = self.spec["seeds"], self.spec["variant_seeds"]
+        main = ["baseline", *(n for n, item in self.spec["runs"].items() if item.get("main"))]
         for seed in seeds:
-            for name in ["baseline", *self.spec["runs"]]:
-                main = name == "baseline" or self.spec["runs"][name].get("main")
-                if main or seed in variant_seeds:
+            for name in main:
+                self.run(name, seed)
+        for seed in variant_seeds:
+            for name in self.spec["runs"]:
+                if name not in main:
                     self.run(name, seed)
         if "best" in self.spec and not self.dry_run:
             choice = self.best()
