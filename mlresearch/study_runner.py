@@ -5,7 +5,8 @@ time, resumable (a finished run is skipped, a killed one resumes), choices made 
    LR), on the spec's tuning seed; every candidate is judged on the *tuning split* (documents held
    out of training and of the validation split that defines the target). The candidates and the
    choice go to ``<root>/tables/baseline_tuning.csv``; the chosen LR and warm-up are every seed's
-   baseline. A spec without ``tuning`` uses the preset's.
+   baseline's, and every method's for its full-size model (see :meth:`Study.full_model_lr`). A spec
+   without ``tuning`` uses the preset's.
 2. **Every run on its seeds**: the main rows on ``seeds`` first, then the rest on ``variant_seeds``; the
    ``best`` V-cycle (lowest mean tuning loss over ``variant_seeds`` among ``best.among``) then runs
    on every seed. Runs land in ``<root>/<experiment>/``.
@@ -13,7 +14,7 @@ time, resumable (a finished run is skipped, a killed one resumes), choices made 
    study's CPU-hour total: each run's CPU seconds (the child process's ``getrusage``) are added to
    ``<run>/cpu.json``.
 
-``mlresearch study SPEC [--stage tune|runs|all] [--dry-run]``
+``mlresearch study SPEC [--stage tune|all] [--dry-run]``
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from .errors import MLResearchError
 from .results import REPO, provenance
 from .training.config import load_config
 from .training.vcycle import config_differences, default_out
-
 
 
 class StudyError(MLResearchError, ValueError):
@@ -94,9 +94,8 @@ def tuning_loss(run: str | Path) -> float:
     the best variant of a method) never look at the target. Read from the summary (``final_tune``);
     a run finished before summaries carried it is scored once from its final model and cached in
     ``<run>/tune.json``."""
-    from .checkpoint import atomic_write_text, load_model
+    from .checkpoint import load_model
     from .data.datasets import load_data
-    from .training.config import load_config
     from .training.engine import evaluate
     from .training.models import data_settings
 
@@ -232,6 +231,8 @@ class Study:
             if equal:  # as many steps as the baseline's FLOPs buy this method's model
                 steps, warmup = equal_flops_steps(load_config(self.config, sets))
                 sets += [f"train.steps={steps}", f"train.warmup={warmup}"]
+            else:
+                sets += self.full_model_lr(load_config(self.config, sets))
         cfg = load_config(self.config, sets)
         out = self.home / f"{name}-equalflops-seed{seed}" if equal else default_out(cfg, method, self.root)
         if name == "baseline" and seed == self.spec["tuning"]["seed"] and not out.exists() and not self.dry_run:
@@ -242,6 +243,17 @@ class Study:
                              "it away (an untuned baseline, say) and run the study again")
         self.runs[name, seed] = self.launch(out, method, sets)
         return self.runs[name, seed]
+
+    def full_model_lr(self, cfg) -> list[str]:
+        """Overrides that give a method's full-size model the baseline's tuned LR and warm-up: the
+        ``train`` section (staged and G_stack train the full model on it) and the V-cycle's level-1 LR;
+        smaller levels keep theirs. Otherwise a method would be compared, at the preset's LR, with a
+        baseline tuned on its own. (The small-model control keeps its own schedule: it is not the full model.)"""
+        lr, warmup = self.baseline
+        sets = [f"train.lr={lr}", f"train.warmup={min(warmup, cfg.train.steps)}"]
+        if cfg.vcycle and cfg.vcycle.lr:
+            sets.append("vcycle.lr=[" + ",".join(f"{x:g}" for x in [lr, *cfg.vcycle.lr[1:]]) + "]")
+        return sets
 
     @staticmethod
     def _adopt(candidate: Path, out: Path) -> None:

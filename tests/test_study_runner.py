@@ -61,6 +61,10 @@ def test_study_tunes_on_the_tuning_split_runs_every_seed_and_resumes(tmp_path, c
     assert bool(best.chosen)
     baseline = yaml.safe_load((runs / "gpt2_smoke" / "baseline-seed0" / "config.yaml").read_text())["train"]
     assert (baseline["lr"], baseline["warmup"]) == (best.lr, best.warmup)
+    # Every method's full-size model trains at the tuned LR too (the V-cycle's level 1; level 2 keeps the preset's).
+    for run in ("vcycle-L2-halving-a0.25-reset-seed0", "vcycle-L2-halving-a1.0-reset-seed0"):
+        method = yaml.safe_load((runs / "gpt2_smoke" / run / "config.yaml").read_text())
+        assert method["train"]["lr"] == best.lr and method["vcycle"]["lr"] == [best.lr, 0.006]
     # The chosen candidate's summary carries its tuning loss; the target (validation) is never read for the choice.
     summary = json.loads((runs / "gpt2_smoke" / "baseline-seed0" / "summary.json").read_text())
     assert summary["final_tune"]["tune_loss"] == pytest.approx(best.tune_loss)
