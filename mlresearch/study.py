@@ -120,38 +120,37 @@ def _modelled_columns(base: Path, run: Path, config: dict, summary: dict, times:
 
 def collect(results: str | Path = "results") -> pd.DataFrame:
     """One row per run of a method (every kind but the baseline) with the baseline of the same
-    experiment and seed and the comparison."""
+    seed in the same directory, and the comparison; a run without such a baseline (one kept as a
+    record elsewhere) has nothing to be compared with and is left out."""
     results = Path(results)
     runs = list(_runs(results))
-    # A run is compared with the baseline of the same seed in the same experiment directory.
     baselines = {(r.parent, c["seed"]): r for r, c, s in runs if s["kind"] == "baseline"}
     times = step_times(results)
     rows = []
     for run, config, summary in runs:
-        if summary["kind"] == "baseline":
-            continue
         base = baselines.get((run.parent, config["seed"]))
+        if summary["kind"] == "baseline" or base is None:  # (a run kept as a record, beside no baseline)
+            continue
         row = {"experiment": config["experiment"], "method": summary["kind"], "task": config["task"], "run": run.name,
                "seed": config["seed"], **_variant(summary["kind"], config),
                "method_full_val_loss": summary["final_full_val"]["val_loss"],
                "method_test": next(iter(summary["final_test"].values())),
                "method_downstream": _downstream(run, config["task"])}
-        if base is not None:
-            c = compare_runs(base, run)
-            b = json.loads((base / "summary.json").read_text())
-            row.update({"baseline_full_val_loss": b["final_full_val"]["val_loss"],
-                        "baseline_test": next(iter(b["final_test"].values())),
-                        "target_val_loss": c["target_val_loss"], "baseline_flops": c["baseline_flops"],
-                        "baseline_total_flops": c["baseline_total_flops"],
-                        "method_total_flops": c["method_total_flops"], "reached": c["reached"],
-                        "method_total_wall": c["method_total_wall"],
-                        "method_flops": c.get("method_flops"), "flops_saving_pct": c.get("flops_saving_pct"),
-                        "wall_saving_pct": c.get("wall_saving_pct"),
-                        "final_val_loss_gap": c["method_final_val_loss"] - c["target_val_loss"],
-                        "baseline_downstream": _downstream(base, config["task"]),
-                        "reached_acc": c.get("reached_acc"), "acc_flops_saving_pct": c.get("acc_flops_saving_pct")})
-            if times:
-                row.update(_modelled_columns(base, run, config, summary, times, c["target_val_loss"]))
+        c = compare_runs(base, run)
+        b = json.loads((base / "summary.json").read_text())
+        row.update({"baseline_full_val_loss": b["final_full_val"]["val_loss"],
+                    "baseline_test": next(iter(b["final_test"].values())),
+                    "target_val_loss": c["target_val_loss"], "baseline_flops": c["baseline_flops"],
+                    "baseline_total_flops": c["baseline_total_flops"],
+                    "method_total_flops": c["method_total_flops"], "reached": c["reached"],
+                    "method_total_wall": c["method_total_wall"],
+                    "method_flops": c.get("method_flops"), "flops_saving_pct": c.get("flops_saving_pct"),
+                    "wall_saving_pct": c.get("wall_saving_pct"),
+                    "final_val_loss_gap": c["method_final_val_loss"] - c["target_val_loss"],
+                    "baseline_downstream": _downstream(base, config["task"]),
+                    "reached_acc": c.get("reached_acc"), "acc_flops_saving_pct": c.get("acc_flops_saving_pct")})
+        if times:
+            row.update(_modelled_columns(base, run, config, summary, times, c["target_val_loss"]))
         rows.append(row)
     return pd.DataFrame(rows)
 
