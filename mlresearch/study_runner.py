@@ -190,11 +190,12 @@ class Study:
         preset_lr, preset_warmup = self.baseline
         if not t.get("lr") and not t.get("warmup"):
             return self.baseline
-        rows = []
+        rows, unknown = [], []
 
         def score(lr, warmup):
             run = self.candidate(lr, warmup)
-            if self.dry_run:  # list the candidates as if the preset won
+            if self.dry_run and not (run / "summary.json").exists():  # not run yet: list as if the preset won
+                unknown.append(run)
                 return float(lr != preset_lr or warmup != preset_warmup)
             rows.append({"experiment": self.experiment, "seed": t["seed"], "lr": lr, "warmup": warmup,
                          "tune_loss": tuning_loss(run), "run": str(run.relative_to(self.root))})
@@ -204,19 +205,21 @@ class Study:
         for w in t.get("warmup", []):
             if w != preset_warmup:
                 score(lr, w)
-        if self.dry_run:
+        if unknown:
             return self.baseline
         warmup = min((r for r in rows if r["lr"] == lr), key=lambda r: r["tune_loss"])["warmup"]
-        table = pd.DataFrame(rows).assign(chosen=lambda d: (d.lr == lr) & (d.warmup == warmup),
-                                          git_commit=provenance({}, 0)["git_commit"])
+        table = pd.DataFrame(rows).assign(chosen=lambda d: (d.lr == lr) & (d.warmup == warmup))
         out = self.root / "tables" / "baseline_tuning.csv"
-        previous = pd.read_csv(out) if out.exists() else pd.DataFrame()
-        if len(previous):  # other experiments' rows stay
+        previous = pd.read_csv(out) if out.exists() else pd.DataFrame(columns=["experiment"])
+        mine = previous[previous.experiment == self.experiment].drop(columns="git_commit", errors="ignore")
+        same = len(mine) == len(table) and mine.reset_index(drop=True).astype(str).equals(table.astype(str))
+        if not same and not self.dry_run:  # (a rerun that changes nothing keeps the file and its commit)
+            table = table.assign(git_commit=provenance({}, 0)["git_commit"])
             table = pd.concat([previous[previous.experiment != self.experiment], table], ignore_index=True)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out, table.to_csv(index=False))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(out, table.to_csv(index=False))
         print(f"{self.experiment}: baseline tuned over {len(rows)} runs on the tuning split: lr {lr:g}, warm-up "
-              f"{warmup} (tuning loss {min(r['tune_loss'] for r in rows):.4f}); wrote {out}")
+              f"{warmup} (tuning loss {min(r['tune_loss'] for r in rows):.4f}); {out}")
         self.baseline = (lr, warmup)
         return self.baseline
 
