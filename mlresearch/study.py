@@ -100,18 +100,17 @@ def modelled_wall(run: Path, config: dict, summary: dict, times: dict):
     return lambda phase, step: before[phase] + step * per_step[phase]
 
 
-def _modelled_columns(base: Path, run: Path, config: dict, summary: dict, times: dict, target: float) -> dict:
+def _modelled_columns(baseline_wall: float | None, run: Path, config: dict, summary: dict, times: dict,
+                      target: float) -> dict:
+    """``baseline_wall``: the baseline's modelled training seconds to the target (one per baseline)."""
     from .training.compare import reach
 
-    b_summary = json.loads((base / "summary.json").read_text())
-    wb, wm = modelled_wall(base, config, b_summary, times), modelled_wall(run, config, summary, times)
-    if wb is None or wm is None:
+    wm = modelled_wall(run, config, summary, times)
+    if baseline_wall is None or wm is None:
         return {}
     rows = read_metrics(run)
     last = [r for r in rows if "val_loss" in r and "event" not in r][-1]
-    b_hit = reach(read_metrics(base), target)
-    out = {"baseline_modelled_wall": wb(b_hit["phase"], b_hit["step"]),
-           "method_modelled_total_wall": wm(last["phase"], last["step"])}
+    out = {"baseline_modelled_wall": baseline_wall, "method_modelled_total_wall": wm(last["phase"], last["step"])}
     hit = reach(rows, target, last["phase"])
     if hit is not None:
         out["modelled_wall_saving_pct"] = 100 * (1 - wm(hit["phase"], hit["step"]) / out["baseline_modelled_wall"])
@@ -122,10 +121,12 @@ def collect(results: str | Path = "results") -> pd.DataFrame:
     """One row per run of a method (every kind but the baseline) with the baseline of the same
     seed in the same directory, and the comparison; a run without such a baseline (one kept as a
     record elsewhere) has nothing to be compared with and is left out."""
+    from .training.compare import reach
+
     results = Path(results)
     runs = list(_runs(results))
     baselines = {(r.parent, c["seed"]): r for r, c, s in runs if s["kind"] == "baseline"}
-    times = step_times(results)
+    times, baseline_walls = step_times(results), {}
     rows = []
     for run, config, summary in runs:
         base = baselines.get((run.parent, config["seed"]))
@@ -151,7 +152,11 @@ def collect(results: str | Path = "results") -> pd.DataFrame:
                     "baseline_downstream": _downstream(base, config["task"]),
                     "reached_acc": c.get("reached_acc"), "acc_flops_saving_pct": c.get("acc_flops_saving_pct")})
         if times:
-            row.update(_modelled_columns(base, run, config, summary, times, c["target_val_loss"]))
+            if base not in baseline_walls:  # the baseline's modelled time to its own final loss, once
+                wb = modelled_wall(base, config, b, times)
+                hit = reach(read_metrics(base), c["target_val_loss"])
+                baseline_walls[base] = None if wb is None else wb(hit["phase"], hit["step"])
+            row.update(_modelled_columns(baseline_walls[base], run, config, summary, times, c["target_val_loss"]))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -162,12 +167,11 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
         return df
     keys = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget"]
     df = df.copy()
-    for c in ("method_downstream", "baseline_downstream", "acc_flops_saving_pct", "reached_acc", "modelled_wall_saving_pct",
-              "flops_saving_at_final_pct"):
-        if c not in df:
-            df[c] = None
     floats = ["method_downstream", "baseline_downstream", "acc_flops_saving_pct", "modelled_wall_saving_pct",
               "flops_saving_at_final_pct"]
+    for c in (*floats, "reached_acc"):  # columns only some experiments or runs have
+        if c not in df:
+            df[c] = None
     df[floats] = df[floats].astype(float)
     g = df.groupby(keys, dropna=False)
     out = g.agg(seeds=("seed", "nunique"), reached=("reached", "sum"),
