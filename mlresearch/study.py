@@ -17,6 +17,7 @@ import yaml
 from .tasks import task_of
 from .training.compare import compare_runs
 from .training.engine import read_metrics
+from .training.methods import describe_run
 
 PAPER = pd.DataFrame([
     {"model": "BERT-Base", "levels": 2, "flops_saving_pct": 19.0, "wall_saving_pct": 10.8},
@@ -47,28 +48,6 @@ def _downstream(run: Path, task: str) -> float | None:
     if task_of(task).accuracy:
         return json.loads((run / "summary.json").read_text())["final_test"]["test_acc"]
     return None
-
-
-def _variant(kind: str, config: dict) -> dict:
-    """The table's description of a run of method ``kind``: levels (model sizes it passes through),
-    scheme (how it shrinks or grows), alpha, optimizer (reset / carry across transitions), budget."""
-    v, st, sk = config.get("vcycle") or {}, config.get("staged") or {}, config.get("stack") or {}
-    if kind == "vcycle":
-        alpha = str(v["alpha"]) + (f" up {v['up_path']}" if v.get("up_path", "copy") != "copy" else "") + \
-            (f" tie {v['tie_break']}" if v.get("tie_break") else "")
-        return {"levels": v["levels"], "scheme": v["scheme"], "alpha": alpha, "optimizer": v["optimizer"],
-                "budget": v.get("tag") or "preset"}
-    if kind == "small":
-        return {"levels": v.get("levels"), "scheme": v.get("scheme", "-"), "alpha": "-", "optimizer": "-",
-                "budget": f"{config['train']['steps']} steps"}
-    if kind == "staged":
-        return {"levels": len(st["grow"]) + 1, "scheme": "grow " + "+".join(st["grow"]) +
-                (" on trigger" if st.get("trigger") else ""), "alpha": "-", "optimizer": "carry",
-                "budget": st.get("tag") or "preset"}
-    if kind == "stack":
-        return {"levels": 2, "scheme": f"G_stack x{sk['factor']}", "alpha": "-", "optimizer": "reset",
-                "budget": sk.get("tag") or "preset"}
-    return {"levels": None, "scheme": "-", "alpha": "-", "optimizer": "-", "budget": "-"}
 
 
 def step_times(results: Path) -> dict:
@@ -133,7 +112,7 @@ def collect(results: str | Path = "results") -> pd.DataFrame:
         if summary["kind"] == "baseline" or base is None:  # (a run kept as a record, beside no baseline)
             continue
         row = {"experiment": config["experiment"], "method": summary["kind"], "task": config["task"], "run": run.name,
-               "seed": config["seed"], **_variant(summary["kind"], config),
+               "seed": config["seed"], **describe_run(summary["kind"], config),
                "method_full_val_loss": summary["final_full_val"]["val_loss"],
                "method_test": next(iter(summary["final_test"].values())),
                "method_downstream": _downstream(run, config["task"])}

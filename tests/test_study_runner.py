@@ -92,3 +92,12 @@ def test_a_finished_run_with_another_configuration_is_not_reused(tmp_path):
     (tmp_path / "smoke.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(StudyError, match="baseline-seed0 is finished with another configuration .*train.lr"):
         run_study(path)
+
+
+@pytest.mark.parametrize("spec", sorted((CONFIGS.parent / "studies").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_committed_study_spec_validates_and_plans_every_run(spec):
+    study = Study(spec, dry_run=True)  # checks the spec whole and builds every run's plan; trains nothing
+    study.tune()  # the committed tuning choice, where results/ has one (a dry run writes nothing)
+    # No two runs of a spec land in one directory (the second would be skipped as already finished).
+    outs = [study.run(name, study.spec["seeds"][0]) for name in ["baseline", *study.spec["runs"]]]
+    assert len(set(outs)) == len(outs), outs

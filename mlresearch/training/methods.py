@@ -15,7 +15,9 @@ what they rebuild (partners, schemes, merged models) is what the killed run had.
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -88,6 +90,10 @@ COSTS: dict[str, Callable] = {}  # transitions that spend FLOPs: fn(cfg, step, m
 CHECKS: dict[str, Callable] = {}  # transitions that need something of the data: fn(cfg, step, data) raises
 METHODS: dict[str, Callable[[RunConfig], Plan]] = {}
 READS: dict[str, tuple[str, ...]] = {}  # the config's method sections each method reads
+# How a results table names a run of each method: fn(config as saved beside the run) -> a subset of
+# {levels, scheme, alpha, optimizer, budget} (the columns that tell one variant from another).
+DESCRIBE: dict[str, Callable[[dict], dict]] = {}
+RUN_NAMES: dict[str, Callable[[RunConfig], str]] = {}  # fn(cfg) -> a run's directory name, less "-seed<seed>"
 
 
 def transition(name: str, cost: Callable | None = None, check: Callable | None = None):
@@ -112,15 +118,39 @@ def check_plan(cfg: RunConfig, plan: Plan, data) -> None:
             CHECKS[item.op](cfg, item, data)
 
 
-def method(name: str, reads: tuple[str, ...] = ()):
+def method(name: str, reads: tuple[str, ...] = (), describe: Callable[[dict], dict] | None = None,
+           run_name: Callable[[RunConfig], str] | None = None):
     """Register ``fn(cfg) -> plan`` as method ``name``; ``reads``: the method sections of the config
     (``vcycle``, ``staged``) it depends on, so a run is not told its config changed when another
-    method's section did."""
+    method's section did; ``describe``: how a results table names its runs (see :data:`DESCRIBE`);
+    ``run_name``: its runs' directory name, less the seed (default: the method and the V-cycle's
+    shapes it depends on, as the small-model control's)."""
     def register(fn):
         METHODS[name] = fn
         READS[name] = reads
+        DESCRIBE[name] = describe or (lambda config: {})
+        RUN_NAMES[name] = run_name or (lambda cfg: _shapes_name(name, cfg))
         return fn
     return register
+
+
+def name_part(text: str) -> str:
+    """A config value as a piece of a directory name (a scheme path becomes its file stem)."""
+    if text.endswith(".json"):
+        text = "scheme-" + Path(text).stem
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", text)
+
+
+def _shapes_name(name: str, cfg: RunConfig) -> str:
+    v = cfg.vcycle
+    return f"{name}-L{v.levels}-{name_part(v.scheme)}" if v else name
+
+
+def describe_run(name: str, config: dict) -> dict:
+    """The table columns levels, scheme, alpha, optimizer, budget of a run of method ``name`` with
+    the saved ``config`` ("-" where the method has no such choice)."""
+    row = {"levels": None, "scheme": "-", "alpha": "-", "optimizer": "-", "budget": "-"}
+    return {**row, **DESCRIBE.get(name, lambda c: {})(config)}
 
 
 def build_plan(cfg: RunConfig, name: str) -> Plan:
@@ -351,7 +381,7 @@ def _rebind(optimizer, old_model, new_model):
 
 
 # ----------------------------------------------------------------------------- methods
-@method("baseline")
+@method("baseline", run_name=lambda cfg: "baseline")
 def baseline(cfg: RunConfig) -> Plan:
     """The full model from scratch for the config's budget."""
     t = cfg.train
@@ -363,7 +393,12 @@ def _needs_vcycle(cfg: RunConfig, name: str) -> None:
         raise ConfigError(f"method {name!r} needs the config's vcycle section (levels, scheme, budgets)")
 
 
-@method("small", reads=("vcycle",))
+def _describe_small(config: dict) -> dict:
+    v = config.get("vcycle") or {}
+    return {"levels": v.get("levels"), "scheme": v.get("scheme", "-"), "budget": f"{config['train']['steps']} steps"}
+
+
+@method("small", reads=("vcycle",), describe=_describe_small)
 def small(cfg: RunConfig) -> Plan:
     """The control every growth method must beat: the coalesced shape (the V-cycle's smallest level)
     trained from scratch with the same data, steps and batch as the baseline, at the smallest
@@ -374,7 +409,21 @@ def small(cfg: RunConfig) -> Plan:
     return [Step("new_model", K), Train("small", K, t.steps, lr, t.warmup)]
 
 
-@method("vcycle", reads=("vcycle",))
+def _describe_vcycle(config: dict) -> dict:
+    v = config["vcycle"]
+    alpha = str(v["alpha"]) + (f" up {v['up_path']}" if v.get("up_path", "copy") != "copy" else "") + \
+        (f" tie {v['tie_break']}" if v.get("tie_break") else "")
+    return {"levels": v["levels"], "scheme": v["scheme"], "alpha": alpha, "optimizer": v["optimizer"],
+            "budget": v.get("tag") or "preset"}
+
+
+def _vcycle_name(cfg: RunConfig) -> str:
+    v = cfg.vcycle
+    variant = ("-up_identity" if v.up_path == "identity" else "") + (f"-tie{v.tie_break}" if v.tie_break else "")
+    return f"vcycle-L{v.levels}-{name_part(v.scheme)}-a{v.alpha}-{v.optimizer}{variant}" + (f"-{v.tag}" if v.tag else "")
+
+
+@method("vcycle", reads=("vcycle",), describe=_describe_vcycle, run_name=_vcycle_name)
 def vcycle(cfg: RunConfig) -> Plan:
     """The multi-level V-cycle (Zou et al., A.5.2) with K levels::
 
@@ -409,7 +458,14 @@ def vcycle(cfg: RunConfig) -> Plan:
     return plan
 
 
-@method("staged", reads=("staged",))
+def _describe_staged(config: dict) -> dict:
+    st = config["staged"]
+    return {"levels": len(st["grow"]) + 1, "scheme": "grow " + "+".join(st["grow"]) +
+            (" on trigger" if st.get("trigger") else ""), "optimizer": "carry", "budget": st.get("tag") or "preset"}
+
+
+@method("staged", reads=("staged",), describe=_describe_staged,
+        run_name=lambda cfg: f"staged-{'-'.join(cfg.staged.grow)}" + (f"-{cfg.staged.tag}" if cfg.staged.tag else ""))
 def staged(cfg: RunConfig) -> Plan:
     """Staged training (Shen et al. 2022): the config's model shrunk by ``staged.grow``, trained for
     each stage's steps on the full model's LR schedule, grown x2 with the training state, the schedule
@@ -449,7 +505,13 @@ def stack_step(run, state: State, step: Step) -> None:
     _grow(run, state, step, "stack", lambda m, o: (stack_layers(m, factor), None))
 
 
-@method("stack", reads=("stack",))
+def _describe_stack(config: dict) -> dict:
+    sk = config["stack"]
+    return {"levels": 2, "scheme": f"G_stack x{sk['factor']}", "optimizer": "reset", "budget": sk.get("tag") or "preset"}
+
+
+@method("stack", reads=("stack",), describe=_describe_stack,
+        run_name=lambda cfg: f"stack-x{cfg.stack.factor}" + (f"-{cfg.stack.tag}" if cfg.stack.tag else ""))
 def stack(cfg: RunConfig) -> Plan:
     """G_stack (Du et al. 2024): 1/factor of the layers for ``stack.steps`` on the full schedule, the
     stack copied ``factor`` times, a fresh optimizer re-entering the schedule through ``rewarmup``."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -29,7 +28,7 @@ from ..results import provenance, write_json
 from .config import METHOD_SECTIONS, ConfigError, RunConfig, default_value
 from .engine import (Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, set_rng_state,
                      train_phase)
-from .methods import build_plan, check_plan, execute
+from .methods import RUN_NAMES, build_plan, check_plan, execute
 from .models import build_model, check_model_fits_data, data_settings
 
 
@@ -40,31 +39,11 @@ def runs_root(root: str | Path | None = None) -> Path:
     return Path(root or os.environ.get("MLRESEARCH_RUNS") or "runs")
 
 
-def _name_part(text: str) -> str:
-    """A config value as a piece of a directory name (a scheme path becomes its file stem)."""
-    if text.endswith(".json"):
-        text = "scheme-" + Path(text).stem
-    return re.sub(r"[^A-Za-z0-9_.+-]", "_", text)
-
-
 def default_out(cfg: RunConfig, kind: str, root: str | Path | None = None) -> Path:
     """``<root>/<experiment>/<run name>``; the name can never leave the root."""
-    v = cfg.vcycle
-    if kind == "baseline":
-        name = f"baseline-seed{cfg.seed}"
-    elif kind == "vcycle":
-        tag = f"-{v.tag}" if v.tag else ""
-        variant = ("-up_identity" if v.up_path == "identity" else "") + (f"-tie{v.tie_break}" if v.tie_break else "")
-        name = f"vcycle-L{v.levels}-{_name_part(v.scheme)}-a{v.alpha}-{v.optimizer}{variant}{tag}-seed{cfg.seed}"
-    elif kind == "staged":
-        st = cfg.staged
-        tag = f"-{st.tag}" if st.tag else ""
-        name = f"staged-{'-'.join(st.grow)}{tag}-seed{cfg.seed}"
-    elif kind == "stack":
-        tag = f"-{cfg.stack.tag}" if cfg.stack.tag else ""
-        name = f"stack-x{cfg.stack.factor}{tag}-seed{cfg.seed}"
-    else:  # a method whose run depends on the V-cycle's shapes (the small-model control, say)
-        name = f"{kind}-L{v.levels}-{_name_part(v.scheme)}-seed{cfg.seed}" if v else f"{kind}-seed{cfg.seed}"
+    if kind not in RUN_NAMES:
+        raise ConfigError(f"unknown method {kind!r}; known: {sorted(RUN_NAMES)}")
+    name = f"{RUN_NAMES[kind](cfg)}-seed{cfg.seed}"
     base = runs_root(root)
     out = base / cfg.experiment / name
     if not out.resolve().is_relative_to(base.resolve()) or len(out.relative_to(base).parts) != 2:
