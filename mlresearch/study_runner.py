@@ -196,7 +196,7 @@ class Study:
             run = self.candidate(lr, warmup)
             if self.dry_run and not (run / "summary.json").exists():  # not run yet: list as if the preset won
                 unknown.append(run)
-                return float(lr != preset_lr or warmup != preset_warmup)
+                return -math.inf if (lr, warmup) == (preset_lr, preset_warmup) else math.inf
             rows.append({"experiment": self.experiment, "seed": t["seed"], "lr": lr, "warmup": warmup,
                          "tune_loss": tuning_loss(run), "run": str(run.relative_to(self.root))})
             return rows[-1]["tune_loss"]

@@ -101,3 +101,14 @@ def test_every_committed_study_spec_validates_and_plans_every_run(spec):
     # No two runs of a spec land in one directory (the second would be skipped as already finished).
     outs = [study.run(name, study.spec["seeds"][0]) for name in ["baseline", *study.spec["runs"]]]
     assert len(set(outs)) == len(outs), outs
+
+
+def test_a_dry_run_lists_the_warmup_grid_at_the_preset_lr_while_lrs_are_untried(tmp_path, capsys):
+    # Only the preset's candidate (lr 0.003, warm-up 2: the experiment's own baseline) has run; the others
+    # have no loss yet, so the listing must go on as if the preset won, not as if an untried LR had.
+    path = _spec(tmp_path, tuning={"seed": 0, "lr": [0.01, 0.003], "warmup": [1]})
+    Study(path).run("baseline", 0)
+    capsys.readouterr()
+    assert Study(path, dry_run=True).tune() == (0.003, 2)
+    listed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert len(listed) == 2 and "lr0.01-wu2" in listed[0] and "lr0.003-wu1" in listed[1], listed
