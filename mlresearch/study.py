@@ -15,9 +15,10 @@ import pandas as pd
 import yaml
 
 from .tasks import task_of
-from .training.compare import compare_runs
+from .training.compare import compare_runs, reach
+from .training.config import load_config
 from .training.engine import read_metrics
-from .training.methods import describe_run
+from .training.methods import describe_run, planned_ledger
 
 PAPER = pd.DataFrame([
     {"model": "BERT-Base", "levels": 2, "flops_saving_pct": 19.0, "wall_saving_pct": 10.8},
@@ -64,9 +65,6 @@ def modelled_wall(run: Path, config: dict, summary: dict, times: dict):
     giving sum(steps x seconds per step of each phase's shape) up to that point; None when a shape
     the run passed through was not benchmarked. Measured wall time on a shared machine is noise;
     this is what a saving in wall time is claimed from."""
-    from .training.config import load_config
-    from .training.methods import planned_ledger
-
     cfg = load_config(run / "config.yaml")
     shapes = {p["phase"]: shape_key(p["sizes"]) for p in planned_ledger(cfg, summary["kind"])["phases"]}
     per_step = {name: times.get((config["experiment"], shape)) for name, shape in shapes.items()}
@@ -82,8 +80,6 @@ def modelled_wall(run: Path, config: dict, summary: dict, times: dict):
 def _modelled_columns(baseline_wall: float | None, run: Path, config: dict, summary: dict, times: dict,
                       target: float) -> dict:
     """``baseline_wall``: the baseline's modelled training seconds to the target (one per baseline)."""
-    from .training.compare import reach
-
     wm = modelled_wall(run, config, summary, times)
     if baseline_wall is None or wm is None:
         return {}
@@ -100,8 +96,6 @@ def collect(results: str | Path = "results") -> pd.DataFrame:
     """One row per run of a method (every kind but the baseline) with the baseline of the same
     seed in the same directory, and the comparison; a run without such a baseline (one kept as a
     record elsewhere) has nothing to be compared with and is left out."""
-    from .training.compare import reach
-
     results = Path(results)
     runs = list(_runs(results))
     baselines = {(r.parent, c["seed"]): r for r, c, s in runs if s["kind"] == "baseline"}

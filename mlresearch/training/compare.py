@@ -5,9 +5,8 @@ time) at the first evaluation whose validation loss is at or below the target; f
 only evaluations of the full-size model after the cycle (its last phase) count. A method that ends
 above the target is also measured at its own final loss: the FLOPs the baseline first needed to
 get there against the method's total (``flops_saving_at_final_pct``, negative when the method
-spent more). Image runs also
-get the same measurement for the baseline's final validation accuracy. No
-interpolation between evaluations: the saving is measured at points that were evaluated.
+spent more). Image runs also get the same measurement for the baseline's final validation
+accuracy. No interpolation between evaluations: the saving is measured at points that were evaluated.
 """
 
 from __future__ import annotations
