@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import smoke
 
 from mlresearch.data import datasets as ds
@@ -142,3 +143,20 @@ def test_the_tuning_split_is_prepared_apart():
     assert data.info["split_documents"][:3] != plain.info["split_documents"][:3]  # train lost documents ...
     assert data.info["split_documents"][1:3] == plain.info["split_documents"][1:3]  # ... validation and test did not
     assert len(data.tune) > 0 and plain.tune is None
+
+
+@pytest.mark.parametrize("mask_prob", [0.15, 0.4])
+def test_masked_lm_predicts_the_configured_fraction_of_tokens(mask_prob):
+    """data.mask_prob reaches the masking: the share of non-special tokens with a label is within
+    4 binomial standard deviations of it, and BERT's 80/10/10 split holds among them."""
+    cfg = smoke("bert", f"data.mask_prob={mask_prob}")
+    data = load_data(cfg.task, asdict(cfg.data), cfg.seed)
+    ids = data.train[: min(len(data.train), 200)]
+    batch = ds.mask_tokens(torch.from_numpy(ids), data, step=3, seed=0)
+    special = np.isin(ids, list(data.special.values()))
+    labelled = batch["labels"].numpy() != -100
+    n = int((~special).sum())
+    assert not labelled[special].any()
+    assert abs(labelled.sum() / n - mask_prob) < 4 * np.sqrt(mask_prob * (1 - mask_prob) / n)
+    masked = batch["input_ids"].numpy()[labelled] == data.special["mask"]
+    assert abs(masked.mean() - 0.8) < 4 * np.sqrt(0.16 / labelled.sum())

@@ -312,6 +312,7 @@ BAD = [
     ("train.steps=true", "train.steps must be a positive integer"),
     ("train.lr=.inf", "train.lr"),
     ("data.val_fraction=0", "data.val_fraction"),
+    ("data.mask_prob=1", "data.mask_prob"),
     ("train.steps=[1", "not valid YAML"),
     ("data.corpus=[nope]", "nope"),
     ("vcycle.lr=[0.003, -1]", "vcycle.lr[1]"),

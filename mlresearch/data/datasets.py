@@ -48,6 +48,7 @@ class Data:
     info: dict = field(default_factory=dict)
     tune: np.ndarray | None = None  # held out for choices a method makes (searched alpha), never the target's
     tune_labels: np.ndarray | None = None
+    mask_prob: float = 0.15  # masked LM: the fraction of tokens chosen for prediction
 
     def split(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
         if name == "tune" and self.tune is None:
@@ -180,7 +181,7 @@ def load_text(task: str, cfg: dict, seed: int) -> Data:
                                 if k in index["splits"]],
             "blocks": {k: len(v) for k, v in blocks.items()}, "seq_len": seq_len}
     return Data(task, blocks["train"], blocks["val"], blocks["test"], vocab_size=vocab, special=special, info=info,
-                tune=blocks.get("tune"))
+                tune=blocks.get("tune"), mask_prob=float(cfg.get("mask_prob", 0.15)))
 
 
 class LazyImages:
@@ -328,14 +329,15 @@ def make_batch(data: Data, split: str, idx: np.ndarray, step: int, seed: int) ->
     return task_of(data.task).batch(data, split, idx, step, seed)
 
 
-def mask_tokens(ids: torch.Tensor, data: Data, step: int, seed: int, mask_prob: float = 0.15) -> dict:
-    """BERT's masking of token blocks ``ids``, seeded by (seed, step): 15% chosen, of those 80%
-    [MASK], 10% a random token, 10% kept; labels -100 elsewhere."""
+def mask_tokens(ids: torch.Tensor, data: Data, step: int, seed: int) -> dict:
+    """BERT's masking of token blocks ``ids``, seeded by (seed, step): ``data.mask_prob`` of the
+    tokens chosen (BERT's 15% by default), of those 80% [MASK], 10% a random token, 10% kept;
+    labels -100 elsewhere."""
     g = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(step))
     special = torch.zeros_like(ids, dtype=torch.bool)
     for k in ("cls", "sep", "pad"):
         special |= ids == data.special[k]
-    chosen = (torch.rand(ids.shape, generator=g) < mask_prob) & ~special
+    chosen = (torch.rand(ids.shape, generator=g) < data.mask_prob) & ~special
     labels = torch.where(chosen, ids, torch.full_like(ids, -100))
     roll = torch.rand(ids.shape, generator=g)
     inputs = ids.clone()

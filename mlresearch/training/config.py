@@ -51,6 +51,7 @@ class DataConfig:
     img_size: int | None = None  # image side for image folders (default: the model's img_size)
     prepared_dir: str | None = None  # text: where `mlresearch data prepare` wrote the token files (default: cache)
     num_proc: int = 1  # text: tokenizing processes when a run prepares its data itself
+    mask_prob: float = 0.15  # masked LM: the fraction of tokens chosen for prediction (BERT's 0.15)
 
 
 @dataclass
@@ -307,6 +308,7 @@ def _validate_data(cfg: RunConfig) -> None:
         raise ConfigError(f"data.val_fraction + data.test_fraction + data.tune_fraction must leave documents to train "
                           f"on, got {d.val_fraction} + {d.test_fraction} + {d.tune_fraction}")
     _positive(d.num_proc, "data.num_proc")
+    _number(d.mask_prob, "data.mask_prob", 0, 1, low_open=True, high_open=True)
     if d.prepared_dir is not None and not isinstance(d.prepared_dir, str):
         raise ConfigError(f"data.prepared_dir must be a path, got {d.prepared_dir!r}")
     for name in ("max_documents", "img_size"):
