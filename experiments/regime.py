@@ -9,7 +9,9 @@ question). For each experiment and seed, one run at a time, resumable:
    strongest small-model control at equal compute.
 
 Then ``results/tables/regime.csv`` (experiment, seed, baseline final validation loss on the full
-split, the small model's at the same FLOPs, the margin, git commit) and
+split, the small model's at the same FLOPs, the margin, for sequence tasks each final model's
+word-order gain -- the loss it loses when the tokens of a validation block are shuffled, ~0 on the
+masked-LM bag-of-words plateau (:mod:`mlresearch.analysis.word_order`) -- git commit) and
 ``results/figures/regime_<experiment>.png`` (both curves against FLOPs, every seed). The margin
 must exceed the seed spread; the script prints both.
 
@@ -28,8 +30,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mlresearch.analysis.word_order import run_word_order
 from mlresearch.results import REPO, provenance
 from mlresearch.study_runner import equal_flops_steps
+from mlresearch.tasks import task_of
 from mlresearch.training.config import load_config
 
 
@@ -92,6 +96,9 @@ def main() -> None:
                          "small_steps": steps, "small_final_val_loss":
                          json.loads((small_out / "summary.json").read_text())["final_full_val"]["val_loss"]})
             rows[-1]["margin"] = rows[-1]["small_val_loss_at_baseline_flops"] - rows[-1]["baseline_final_val_loss"]
+            if task_of(cfg.task).sequences:
+                rows[-1]["baseline_word_order_gain"] = run_word_order(base_dir).gain
+                rows[-1]["small_word_order_gain"] = run_word_order(small_out).gain
     table = pd.DataFrame(rows).assign(git_commit=provenance({}, 0)["git_commit"])
     out = root / "tables" / "regime.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +116,9 @@ def main() -> None:
               f"alone at the same FLOPs {part.small_val_loss_at_baseline_flops.mean():.4f}; margin "
               f"{part.margin.mean():+.4f} (min {part.margin.min():+.4f}, {len(part)} seeds): "
               + ("in the regime" if part.margin.min() > spread else "NOT clearly in the regime"))
+        if part.get("baseline_word_order_gain", pd.Series(dtype=float)).notna().any():
+            print(f"  word-order gain (shuffled - ordered validation loss): full model "
+                  f"{part.baseline_word_order_gain.mean():.3f}, small shape {part.small_word_order_gain.mean():.3f}")
     print(f"wrote {out}")
 
 

@@ -281,3 +281,43 @@ def test_similarity_guided_scheme_fits_every_family(family):
     x = example_input(model)
     ref, got = outputs(narrow, x), outputs(decoalesce(narrow, width), x)
     assert (ref - got).abs().max() / ref.abs().max() <= 1e-5
+
+
+# ----------------------------------------------------------------------------- word order
+def test_shuffled_blocks_keep_every_token_label_pair_and_the_special_positions():
+    from mlresearch.analysis.word_order import shuffle_blocks
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 50, (4, 12), generator=g)
+    ids[:, 0], ids[:, -1] = 2, 3
+    batch = {"input_ids": ids, "labels": ids * 10, "other": "kept"}
+    fixed = (ids == 2) | (ids == 3)
+    out = shuffle_blocks(batch, fixed, g)
+    assert out["other"] == "kept" and torch.equal(out["labels"], out["input_ids"] * 10)  # pairs moved together
+    assert torch.equal(out["input_ids"][fixed], ids[fixed])
+    assert torch.equal(out["input_ids"].sort(1).values, ids.sort(1).values)
+    assert not torch.equal(out["input_ids"], ids)
+
+
+@pytest.mark.usefixtures("isolated_data_cache")
+def test_word_order_gain_is_zero_exactly_when_the_model_cannot_see_position():
+    """A BERT whose position embeddings are zero is permutation-equivariant: shuffling inputs and
+    labels together leaves its loss unchanged (float noise). With its random position embeddings
+    back, the same model's loss moves."""
+    from conftest import smoke
+
+    from mlresearch.analysis.word_order import word_order
+    from mlresearch.data.datasets import load_data
+    from mlresearch.tasks import task_of
+    from mlresearch.training.models import build_model, data_settings
+
+    cfg = smoke("bert")
+    data = load_data(cfg.task, data_settings(cfg), cfg.seed)
+    torch.manual_seed(0)
+    model = build_model(cfg, data.vocab_size, data.special)
+    seen = word_order(model, data, task_of(cfg.task), batches=2, batch_size=8)
+    with torch.no_grad():
+        model.bert.embeddings.position_embeddings.weight.zero_()
+    blind = word_order(model, data, task_of(cfg.task), batches=2, batch_size=8)
+    assert blind.blocks == seen.blocks == min(16, len(data.val))
+    assert abs(blind.gain) < 1e-5 < abs(seen.gain)
