@@ -116,7 +116,7 @@ def main() -> None:
               f"alone at the same FLOPs {part.small_val_loss_at_baseline_flops.mean():.4f}; margin "
               f"{part.margin.mean():+.4f} (min {part.margin.min():+.4f}, {len(part)} seeds): "
               + ("in the regime" if part.margin.min() > spread else "NOT clearly in the regime"))
-        if part.get("baseline_word_order_gain", pd.Series(dtype=float)).notna().any():
+        if "baseline_word_order_gain" in part and part.baseline_word_order_gain.notna().any():
             print(f"  word-order gain (shuffled - ordered validation loss): full model "
                   f"{part.baseline_word_order_gain.mean():.3f}, small shape {part.small_word_order_gain.mean():.3f}")
     print(f"wrote {out}")

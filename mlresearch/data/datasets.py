@@ -181,7 +181,7 @@ def load_text(task: str, cfg: dict, seed: int) -> Data:
                                 if k in index["splits"]],
             "blocks": {k: len(v) for k, v in blocks.items()}, "seq_len": seq_len}
     return Data(task, blocks["train"], blocks["val"], blocks["test"], vocab_size=vocab, special=special, info=info,
-                tune=blocks.get("tune"), mask_prob=float(cfg.get("mask_prob", 0.15)))
+                tune=blocks.get("tune"), mask_prob=float(cfg.get("mask_prob", Data.mask_prob)))
 
 
 class LazyImages:
