@@ -21,15 +21,14 @@ must exceed the seed spread; the script prints both.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from mlresearch.analysis.regime import figure, merge_rows, regime_row, verdict
 from mlresearch.analysis.word_order import run_word_order
 from mlresearch.results import REPO, provenance
 from mlresearch.study_runner import equal_flops_steps
@@ -42,18 +41,6 @@ def mlresearch(*args: str) -> None:
     done = subprocess.run([sys.executable, "-m", "mlresearch.cli", *args], cwd=REPO, env=env)
     if done.returncode:
         sys.exit(f"mlresearch {' '.join(args)} failed ({done.returncode})")
-
-
-def evals(run: Path) -> pd.DataFrame:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return pd.DataFrame([r for r in rows if "val_loss" in r and "event" not in r])
-
-
-def at_flops(curve: pd.DataFrame, flops: float) -> float:
-    """The curve's validation loss at ``flops`` (linear in log FLOPs between evaluations)."""
-    if flops > curve.flops.iloc[-1] * (1 + 1e-9):
-        raise ValueError(f"the curve ends at {curve.flops.iloc[-1]:.4g} FLOPs, before {flops:.4g}")
-    return float(np.interp(np.log(flops), np.log(curve.flops), curve.val_loss))
 
 
 def tuned_baseline(root: Path, experiment: str) -> list[str]:
@@ -69,6 +56,9 @@ def tuned_baseline(root: Path, experiment: str) -> list[str]:
 
 
 def main() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("experiments", nargs="+", help="preset names in experiments/configs (e.g. gpt2_regime)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -86,62 +76,26 @@ def main() -> None:
                        "--set", f"seed={seed}", *tuned_baseline(root, cfg.experiment))
             mlresearch("run", str(config), "--method", "small", "--out", str(small_out), "--resume", "--skip-done",
                        "--set", f"seed={seed}", "--set", f"train.steps={steps}", "--set", f"train.warmup={warmup}")
-            base_dir = root / cfg.experiment / f"baseline-seed{seed}"
-            base = json.loads((base_dir / "summary.json").read_text())
-            small = evals(small_out)
-            rows.append({"experiment": cfg.experiment, "seed": seed,
-                         "baseline_final_val_loss": base["final_full_val"]["val_loss"],
-                         "baseline_flops": base["flops_total"],
-                         "small_val_loss_at_baseline_flops": at_flops(small, base["flops_total"]),
-                         "small_steps": steps, "small_final_val_loss":
-                         json.loads((small_out / "summary.json").read_text())["final_full_val"]["val_loss"]})
-            rows[-1]["margin"] = rows[-1]["small_val_loss_at_baseline_flops"] - rows[-1]["baseline_final_val_loss"]
-            if task_of(cfg.task).sequences:
-                rows[-1]["baseline_word_order_gain"] = run_word_order(base_dir).gain
-                rows[-1]["small_word_order_gain"] = run_word_order(small_out).gain
+            gain = (lambda run: run_word_order(run).gain) if task_of(cfg.task).sequences else None
+            rows.append(regime_row(cfg.experiment, seed, root / cfg.experiment / f"baseline-seed{seed}", small_out,
+                                   steps, word_order=gain))
     table = pd.DataFrame(rows).assign(git_commit=provenance({}, 0)["git_commit"])
     out = root / "tables" / "regime.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
-    previous = pd.read_csv(out) if out.exists() else pd.DataFrame()
-    if len(previous):  # keep other experiments' rows; replace this run's
-        keep = ~previous.set_index(["experiment", "seed"]).index.isin(table.set_index(["experiment", "seed"]).index)
-        table = pd.concat([previous[keep], table], ignore_index=True)
+    table = merge_rows(pd.read_csv(out) if out.exists() else pd.DataFrame(), table)
     tmp = out.with_suffix(".tmp")
-    table.sort_values(["experiment", "seed"]).to_csv(tmp, index=False)
+    table.to_csv(tmp, index=False)
     tmp.replace(out)
-    figures(table, root)
     for experiment, part in table.groupby("experiment"):
-        spread = part.baseline_final_val_loss.max() - part.baseline_final_val_loss.min()
-        print(f"{experiment}: baseline {part.baseline_final_val_loss.mean():.4f} (seed spread {spread:.4f}), small "
-              f"alone at the same FLOPs {part.small_val_loss_at_baseline_flops.mean():.4f}; margin "
-              f"{part.margin.mean():+.4f} (min {part.margin.min():+.4f}, {len(part)} seeds): "
-              + ("in the regime" if part.margin.min() > spread else "NOT clearly in the regime"))
+        figure(root, experiment, part.seed)
+        v = verdict(part)
+        print(f"{experiment}: baseline {v['baseline']:.4f} (seed spread {v['spread']:.4f}), small alone at the same "
+              f"FLOPs {v['small']:.4f}; margin {v['margin']:+.4f} (min {v['margin_min']:+.4f}, {v['seeds']} seeds): "
+              + ("in the regime" if v["in_regime"] else "NOT clearly in the regime"))
         if "baseline_word_order_gain" in part and part.baseline_word_order_gain.notna().any():
             print(f"  word-order gain (shuffled - ordered validation loss): full model "
                   f"{part.baseline_word_order_gain.mean():.3f}, small shape {part.small_word_order_gain.mean():.3f}")
     print(f"wrote {out}")
-
-
-def figures(table: pd.DataFrame, root: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from mlresearch.analysis import plots
-
-    for experiment, part in table.groupby("experiment"):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for seed in part.seed:
-            for run, style, label in ((f"baseline-seed{seed}", "k-", "full model"),
-                                      (f"small-equalflops-seed{seed}", "C1-", "small shape alone")):
-                c = evals(root / experiment / run)
-                ax.plot(c.flops, c.val_loss, style, lw=1, alpha=0.8, label=label if seed == part.seed.min() else None)
-        ax.set(xscale="log", xlabel="training FLOPs", ylabel="validation loss (full split)",
-               title=f"{experiment}: full model vs the small shape at equal FLOPs ({len(part)} seeds)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        plots.save(fig, root / "figures" / f"regime_{experiment}.png")
 
 
 if __name__ == "__main__":

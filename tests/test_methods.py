@@ -161,6 +161,24 @@ def test_identity_up_path_starts_the_up_phase_at_the_small_models_loss(tmp_path)
     assert event["decoalesced_val_loss"] == pytest.approx(small_last["val_loss"], abs=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["adaptive", "adaptive-row"])
+def test_adaptive_alpha_logs_the_rescaling_it_applied_and_merges_half_and_half(tmp_path, mode):
+    import torch
+
+    run_method(smoke("gpt2", f"vcycle.alpha={mode}"), "vcycle", tmp_path / "vc")
+    rows = read_metrics(tmp_path / "vc")
+    (scale,) = [r for r in rows if r.get("event") == "adaptive_scale"]
+    ck = tmp_path / "vc" / "checkpoints"
+    partner, merged = load_model(ck / "partner1"), load_model(ck / "merged1")
+    assert scale["mode"] == {"adaptive": "tensor", "adaptive-row": "row"}[mode] and scale["level"] == 1
+    assert scale["tensors"] == len(list(partner.parameters()))
+    assert 0 < scale["norm_ratio_min"] <= scale["norm_ratio_median"] <= scale["norm_ratio_max"] < float("inf")
+    if mode == "adaptive":  # merged = (partner + s * decoalesced) / 2 with ||s * decoalesced|| = ||partner||
+        for (name, a), m in zip(partner.named_parameters(), merged.parameters()):
+            torch.testing.assert_close((2 * m - a).norm(), a.norm(), rtol=1e-4, atol=1e-6, msg=name)
+    assert not [r for r in read_metrics(tmp_path / "vc") if r.get("event") == "alpha_search"]
+
+
 TRIGGERED = ("train.eval_every=1", "staged.trigger=true", "staged.thresholds=[-100.0]")  # fires at its 3rd point
 
 

@@ -9,7 +9,7 @@ import torch
 from models import FACTORIES, example_input, outputs, randomize
 
 from mlresearch.families import family_of
-from mlresearch.operators import Scheme, coalesce, decoalesce, interpolate
+from mlresearch.operators import Scheme, coalesce, decoalesce, interpolate, norm_ratios
 from mlresearch.operators.mapping import make_plan
 
 FAMILIES = sorted(FACTORIES)
@@ -217,6 +217,11 @@ def test_adaptive_interpolation_normalises_then_halves(mode):
         else:
             y = y * (x.norm() / y.norm())
         torch.testing.assert_close(merged[n], 0.5 * x + 0.5 * y, atol=1e-5, rtol=1e-5)
+    if mode == "tensor":  # the ratios the V-cycle logs are the factors the merge applied
+        ratios = norm_ratios(a, b)
+        assert set(ratios) == set(pa) and all(0.1 < r < 0.7 for r in ratios.values())  # b was scaled x3
+        for n in pa:
+            torch.testing.assert_close(merged[n], 0.5 * pa[n] + 0.5 * ratios[n] * pb[n], atol=1e-5, rtol=1e-5)
     # The same model merged with itself is itself: normalisation is a no-op there.
     assert max_param_diff(interpolate(a, a, adaptive=mode), a) <= 1e-6
     # adaptive=True is the per-tensor variant

@@ -11,7 +11,7 @@ from .growth import (
     stack_layers,
     width_growth,
 )
-from .interpolation import interpolate
+from .interpolation import interpolate, norm_ratios
 from .mapping import Transfer, coalesce, decoalesce, make_plan, plan_transfer
 from .optim import UnsupportedOptimizerError, map_optimizer, step_multipliers
 from .scheme import Scheme
@@ -30,6 +30,7 @@ __all__ = [
     "grow_depth",
     "grow_width",
     "interpolate",
+    "norm_ratios",
     "make_plan",
     "map_optimizer",
     "plan_transfer",

@@ -34,6 +34,16 @@ def _rescaled(b: torch.Tensor, a: torch.Tensor, mode: str) -> torch.Tensor:
     return b * (na / nb) if nb > 0 else b
 
 
+def norm_ratios(model: nn.Module, other: nn.Module) -> dict[str, float]:
+    """Per parameter, ``||a||_F / ||b||_F`` (``a`` of ``model``, ``b`` of ``other``): the factor by
+    which adaptive interpolation rescales ``other``'s tensor as a whole (``inf`` for a zero ``b``,
+    which it leaves as it is). Logged by the V-cycle's merge so a reader sees what "adaptive" did."""
+    theirs = dict(other.named_parameters())
+    with torch.no_grad():
+        return {name: float(a.norm() / theirs[name].norm()) if theirs[name].norm() > 0 else float("inf")
+                for name, a in model.named_parameters()}
+
+
 def interpolate(
     model: nn.Module, other: nn.Module, alpha: float | None = None, adaptive: bool | str = False
 ) -> nn.Module:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from ..operators import (coalesce, coalesce_state, decoalesce, decoalesce_preserving, decoalesce_state,
-                         interpolate, stack_layers)
+                         interpolate, norm_ratios, stack_layers)
 from ..tasks import task_of
 from .config import ConfigError, RunConfig
 
@@ -354,6 +354,11 @@ def merge(run, state: State, step: Step) -> None:
     if alpha == "search":
         alpha = search_alpha(run, partner, big, step)
     adaptive = {"adaptive": "tensor", "adaptive-row": "row"}.get(alpha, False) if isinstance(alpha, str) else False
+    if adaptive:
+        ratios = sorted(norm_ratios(partner, big).values())
+        run.log.write({"event": "adaptive_scale", "level": k, "mode": adaptive, "tensors": len(ratios),
+                       "norm_ratio_min": ratios[0], "norm_ratio_median": ratios[len(ratios) // 2],
+                       "norm_ratio_max": ratios[-1]})
     merged = run.operator("interpolate", k, lambda: interpolate(
         partner, big, alpha=None if adaptive else float(alpha), adaptive=adaptive))
     run.log.write({"event": "interpolated", "level": k,

@@ -1,0 +1,91 @@
+"""Regime check: is the full model clearly better than the small shape trained alone for the same
+FLOPs? Only then can a growth method's saving mean something (issue: evidence that answers the
+question). ``experiments/regime.py`` trains the two runs per seed; this module turns them into
+``results/tables/regime.csv`` rows, the verdict and the figure.
+
+- :func:`loss_at_flops`: a curve's validation loss at a FLOPs count, linear in log FLOPs between
+  evaluations (the small model is evaluated on its own grid, never exactly at the baseline's total);
+- :func:`regime_row`: one seed's row -- the baseline's final loss on the full validation split, the
+  small model's at the baseline's FLOPs, the margin (positive: the full model is better);
+- :func:`verdict`: per experiment, the margin against the baseline's seed spread. In the regime
+  only when the *smallest* margin exceeds the spread: one lucky seed proves nothing;
+- :func:`merge_rows`: a new run of the script replaces its own (experiment, seed) rows and keeps
+  every other experiment's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from ..study import curves
+
+KEY = ["experiment", "seed"]
+
+
+def loss_at_flops(curve: pd.DataFrame, flops: float) -> float:
+    """The curve's validation loss at ``flops`` (linear in log FLOPs between evaluations). A curve
+    that ends before ``flops`` is an error: extrapolating would invent the control's result."""
+    if flops > curve.flops.iloc[-1] * (1 + 1e-9):
+        raise ValueError(f"the curve ends at {curve.flops.iloc[-1]:.4g} FLOPs, before {flops:.4g}")
+    return float(np.interp(np.log(flops), np.log(curve.flops), curve.val_loss))
+
+
+def regime_row(experiment: str, seed: int, baseline: Path, small: Path, small_steps: int,
+               word_order: Callable[[Path], float] | None = None) -> dict:
+    """One seed's row from a finished baseline run and a finished small-alone run; ``word_order``
+    (a run directory -> its final model's word-order gain) adds the two gain columns."""
+    base = json.loads((Path(baseline) / "summary.json").read_text())
+    row = {"experiment": experiment, "seed": seed,
+           "baseline_final_val_loss": base["final_full_val"]["val_loss"],
+           "baseline_flops": base["flops_total"],
+           "small_val_loss_at_baseline_flops": loss_at_flops(curves(small), base["flops_total"]),
+           "small_steps": small_steps,
+           "small_final_val_loss": json.loads((Path(small) / "summary.json").read_text())["final_full_val"]["val_loss"]}
+    row["margin"] = row["small_val_loss_at_baseline_flops"] - row["baseline_final_val_loss"]
+    if word_order is not None:
+        row["baseline_word_order_gain"] = word_order(Path(baseline))
+        row["small_word_order_gain"] = word_order(Path(small))
+    return row
+
+
+def merge_rows(previous: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    """``new``'s rows, plus every row of ``previous`` whose (experiment, seed) ``new`` does not have;
+    sorted by experiment and seed."""
+    if len(previous):
+        keep = ~previous.set_index(KEY).index.isin(new.set_index(KEY).index)
+        new = pd.concat([previous[keep], new], ignore_index=True)
+    return new.sort_values(KEY).reset_index(drop=True)
+
+
+def verdict(part: pd.DataFrame) -> dict:
+    """One experiment's rows -> the baseline's mean and seed spread (max - min), the margin's mean and
+    minimum, and whether it is in the regime: every seed's margin beyond the spread."""
+    spread = float(part.baseline_final_val_loss.max() - part.baseline_final_val_loss.min())
+    return {"seeds": len(part), "baseline": float(part.baseline_final_val_loss.mean()), "spread": spread,
+            "small": float(part.small_val_loss_at_baseline_flops.mean()), "margin": float(part.margin.mean()),
+            "margin_min": float(part.margin.min()), "in_regime": bool(part.margin.min() > spread)}
+
+
+def figure(root: Path, experiment: str, seeds) -> Path:
+    """Both shapes' validation curves against FLOPs, every seed, into ``figures/regime_<experiment>.png``."""
+    import matplotlib.pyplot as plt
+
+    from . import plots
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    seeds = sorted(seeds)
+    for seed in seeds:
+        for run, style, label in ((f"baseline-seed{seed}", "k-", "full model"),
+                                  (f"small-equalflops-seed{seed}", "C1-", "small shape alone")):
+            c = curves(Path(root) / experiment / run)
+            ax.plot(c.flops, c.val_loss, style, lw=1, alpha=0.8, label=label if seed == seeds[0] else None)
+    ax.set(xscale="log", xlabel="training FLOPs", ylabel="validation loss (full split)",
+           title=f"{experiment}: full model vs the small shape at equal FLOPs ({len(seeds)} seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return plots.save(fig, Path(root) / "figures" / f"regime_{experiment}.png")
