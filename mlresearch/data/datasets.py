@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import MLResearchError
-from . import corpora
+from . import corpora, glyphs
 
 SPECIAL = {"causal_lm": ["<|endoftext|>"], "masked_lm": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]}
 
@@ -241,16 +241,26 @@ def load_image_folder(cfg: dict, seed: int, size: int) -> Data:
                 tune=LazyImages(train, tu, size) if len(tu) else None, tune_labels=labels[tu] if len(tu) else None)
 
 
+IMAGE_CORPORA = {  # name -> (the data section -> (images float32 [n, 1, 28, 28], labels int64 [n]))
+    "mnist": lambda cfg: corpora.mnist5k(),
+    "glyphs": lambda cfg: glyphs.glyphs(int(cfg.get("examples") or glyphs.DEFAULT_IMAGES)),
+}
+
+
 def load_images(cfg: dict, seed: int, size: int = 28) -> Data:
     if cfg.get("path"):
         return load_image_folder(cfg, seed, size)
-    if cfg.get("corpus", "mnist") not in ("mnist", ["mnist"]):
-        raise DataError(f"unknown image corpus {cfg.get('corpus')!r}; known: mnist")
-    x, y = corpora.mnist5k()
+    corpus = cfg.get("corpus", "mnist")
+    corpus = corpus[0] if isinstance(corpus, list) and len(corpus) == 1 else corpus
+    if not isinstance(corpus, str) or corpus not in IMAGE_CORPORA:
+        raise DataError(f"unknown image corpus {cfg.get('corpus')!r}; known: {', '.join(IMAGE_CORPORA)}")
+    if cfg.get("examples") and corpus != "glyphs":
+        raise DataError(f"data.examples sizes a generated corpus (glyphs); {corpus} has a fixed size")
+    x, y = IMAGE_CORPORA[corpus](cfg)
     train_i, val_i, test_i, tune_i = split_indices(len(x), seed, float(cfg.get("val_fraction", 0.1)),
                                                    float(cfg.get("test_fraction", 0.1)),
                                                    float(cfg.get("tune_fraction") or 0.0))
-    info = {"source": "mnist5k", "images": [len(train_i), len(val_i), len(test_i)] + ([len(tune_i)] if len(tune_i) else [])}
+    info = {"source": corpus if corpus != "mnist" else "mnist5k", "images": [len(train_i), len(val_i), len(test_i)] + ([len(tune_i)] if len(tune_i) else [])}
     return Data("image_cls", x[train_i], x[val_i], x[test_i], y[train_i], y[val_i], y[test_i], info=info,
                 tune=x[tune_i] if len(tune_i) else None, tune_labels=y[tune_i] if len(tune_i) else None)
 

@@ -52,6 +52,7 @@ class DataConfig:
     prepared_dir: str | None = None  # text: where `mlresearch data prepare` wrote the token files (default: cache)
     num_proc: int = 1  # text: tokenizing processes when a run prepares its data itself
     mask_prob: float = 0.15  # masked LM: the fraction of tokens chosen for prediction (BERT's 0.15)
+    examples: int | None = None  # a generated corpus (glyphs): how many images it makes (default 50,000)
 
 
 @dataclass
@@ -311,7 +312,7 @@ def _validate_data(cfg: RunConfig) -> None:
     _number(d.mask_prob, "data.mask_prob", 0, 1, low_open=True, high_open=True)
     if d.prepared_dir is not None and not isinstance(d.prepared_dir, str):
         raise ConfigError(f"data.prepared_dir must be a path, got {d.prepared_dir!r}")
-    for name in ("max_documents", "img_size"):
+    for name in ("max_documents", "img_size", "examples"):
         if getattr(d, name) is not None:
             _positive(getattr(d, name), f"data.{name}")
     if _TASKS[cfg.task].sequences:
