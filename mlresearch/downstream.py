@@ -43,7 +43,9 @@ class DownstreamConfig:
     threads: int = 2
 
 
-def _run_parts(run: Path):
+def finished_run(run: Path):
+    """A finished run's (config, data section as it ran, summary, final model directory): what an
+    evaluation after training (downstream, word order) needs to rebuild its data and model."""
     summary_path, model_dir = run / "summary.json", run / "final_model"
     for p in (summary_path, run / "config.yaml", model_dir):
         if not p.exists():
@@ -61,7 +63,7 @@ def _run_parts(run: Path):
 
 def zero_shot_perplexity(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> dict:
     run = Path(run)
-    cfg, data_cfg, _, model_dir = _run_parts(run)
+    cfg, data_cfg, _, model_dir = finished_run(run)
     if dc.text in data_cfg.get("corpus", []):
         raise DataError(f"{run} trained on {dc.text!r}: zero-shot perplexity needs a text it never saw")
     if dc.text not in corpora.TEXT_CORPORA:
@@ -101,7 +103,7 @@ def bbc_topic_accuracy(run: str | Path, dc: DownstreamConfig = DownstreamConfig(
     import transformers
 
     run = Path(run)
-    cfg, data_cfg, _, model_dir = _run_parts(run)
+    cfg, data_cfg, _, model_dir = finished_run(run)
     ts = text_split(cfg.task, data_cfg, cfg.seed)
     if "bbc" not in ts.spans:
         raise DataError(f"{run} did not pre-train with the BBC corpus: no held-out articles to classify")
@@ -154,7 +156,7 @@ def bbc_topic_accuracy(run: str | Path, dc: DownstreamConfig = DownstreamConfig(
 
 
 def image_top1(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> dict:
-    _, _, summary, _ = _run_parts(Path(run))
+    _, _, summary, _ = finished_run(Path(run))
     return {"task": "test_top1", "accuracy": summary["final_test"]["test_acc"]}
 
 
@@ -165,7 +167,7 @@ def evaluate_run(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> 
     """Run the check for the run's task and write ``<run>/downstream.json``."""
     run = Path(run)
     torch.set_num_threads(dc.threads)
-    cfg, *_ = _run_parts(run)
+    cfg, *_ = finished_run(run)
     result = CHECKS[cfg.task](run, dc)
     record = {"run": run.name, "task": cfg.task, **result, "provenance": provenance(asdict(dc), dc.seed)}
     write_json(run / "downstream.json", record)

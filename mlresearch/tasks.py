@@ -31,8 +31,10 @@ class Task:
         """(mean loss, number of correct predictions when the task counts them)."""
         raise NotImplementedError
 
-    def batch(self, data, split: str, idx: np.ndarray, step: int, seed: int) -> dict:
-        """Model inputs and labels for examples ``idx`` of ``split``: a pure function of its arguments."""
+    def batch(self, data, split: str, idx: np.ndarray, step: int, seed: int, part: tuple[int, int] = (0, 1)) -> dict:
+        """Model inputs and labels for examples ``idx`` of ``split``: a pure function of its arguments.
+        ``part`` (rank, world): ``idx`` is rows ``rank::world`` of the step's global batch, so random
+        choices (masks) are those rows of the global batch's, the same on any number of processes."""
         raise NotImplementedError
 
     def data_settings(self, cfg, settings: dict) -> dict:
@@ -44,16 +46,16 @@ class CausalLM(Task):
     def loss(self, model, batch):
         return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss, None
 
-    def batch(self, data, split, idx, step, seed):
+    def batch(self, data, split, idx, step, seed, part=(0, 1)):
         ids = torch.from_numpy(data.split(split)[0][idx])
         return {"input_ids": ids, "labels": ids}
 
 
 class MaskedLM(CausalLM):
-    def batch(self, data, split, idx, step, seed):
+    def batch(self, data, split, idx, step, seed, part=(0, 1)):
         from .data.datasets import mask_tokens
 
-        return mask_tokens(torch.from_numpy(data.split(split)[0][idx]), data, step, seed)
+        return mask_tokens(torch.from_numpy(data.split(split)[0][idx]), data, step, seed, part)
 
 
 class ImageClassification(Task):
@@ -61,7 +63,7 @@ class ImageClassification(Task):
         logits = model(batch["x"])
         return nn.functional.cross_entropy(logits, batch["labels"]), (logits.argmax(-1) == batch["labels"]).sum()
 
-    def batch(self, data, split, idx, step, seed):
+    def batch(self, data, split, idx, step, seed, part=(0, 1)):
         x, y = data.split(split)
         return {"x": torch.from_numpy(np.ascontiguousarray(x[idx])), "labels": torch.from_numpy(y[idx])}
 

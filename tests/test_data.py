@@ -205,3 +205,40 @@ def test_bad_image_data_settings_are_one_line_before_anything_is_written(tmp_pat
     (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("mlresearch:")]
     assert message in line, line
     assert not (tmp_path / "run").exists()
+
+
+def test_each_process_masks_its_rows_as_the_global_batch_would():
+    """Process r of w takes rows r::w of a step's batch; its masks are those rows of the one-process
+    draw, exactly -- not the same positions on every process (which would correlate their masks)."""
+    cfg = smoke("bert", "data.mask_prob=0.4")
+    data = load_data(cfg.task, asdict(cfg.data), cfg.seed)
+    ids = torch.from_numpy(data.train[:8])
+    whole = ds.mask_tokens(ids, data, step=5, seed=1)
+    parts = [ds.mask_tokens(ids[r::2], data, step=5, seed=1, part=(r, 2)) for r in range(2)]
+    for r, part in enumerate(parts):
+        for key in ("input_ids", "labels"):
+            assert torch.equal(part[key], whole[key][r::2])
+    first, second = ((p["labels"] != -100) for p in parts)
+    assert not torch.equal(first, second)
+
+
+def test_training_passes_the_process_index_to_the_masking(monkeypatch):
+    """``accumulate`` on process 1 of 2 trains on rows 1::2 masked as in the global batch: its loss
+    equals the loss computed from the one-process masks of those rows."""
+    from types import SimpleNamespace
+
+    from mlresearch.training import engine
+    from mlresearch.training.models import build_model
+
+    cfg = smoke("bert")
+    data = load_data(cfg.task, asdict(cfg.data), cfg.seed)
+    model = build_model(cfg, data.vocab_size, data.special)
+    accelerator = SimpleNamespace(process_index=1, num_processes=2, device=torch.device("cpu"),
+                                  backward=lambda loss: loss.backward())
+    rows = np.arange(1, 8, 2)
+    loss = engine.accumulate(model, data, rows, micro=len(rows), data_step=3, cfg=cfg, accelerator=accelerator)
+    whole = ds.make_batch(data, "train", np.arange(8), 3, cfg.seed)
+    expected, _ = engine.compute_loss(model, {k: v[1::2].contiguous() for k, v in whole.items()}, data.task)
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
+    own, _ = engine.compute_loss(model, ds.make_batch(data, "train", rows, 3, cfg.seed), data.task)
+    assert abs(own.item() - loss.item()) > 1e-4  # masked as process 0 would: another loss

@@ -69,10 +69,10 @@ def run_word_order(run: str | Path, batches: int = 8) -> WordOrder:
     """:func:`word_order` of a finished run's final model on its own validation split."""
     from ..checkpoint import load_model
     from ..data.datasets import load_data
-    from ..downstream import _run_parts
+    from ..downstream import finished_run
     from ..tasks import task_of
 
-    cfg, data_cfg, _, model_dir = _run_parts(Path(run))
+    cfg, data_cfg, _, model_dir = finished_run(Path(run))
     task = task_of(cfg.task)
     if not task.sequences:
         raise ValueError(f"{run}: word order needs a sequence task, not {cfg.task!r}")

@@ -456,7 +456,8 @@ def accumulate(model, data: Data, idx: np.ndarray, micro: int, data_step: int, c
     share of the examples, so for equal-length sequences the sum is the whole batch's mean."""
     from contextlib import nullcontext
 
-    batch = make_batch(data, "train", idx, data_step, cfg.seed)  # drawn whole: masks do not depend on ``micro``
+    part = (accelerator.process_index, accelerator.num_processes)  # idx = rows rank::world of the step's batch
+    batch = make_batch(data, "train", idx, data_step, cfg.seed, part)  # drawn whole: masks do not depend on ``micro``
     starts = range(0, len(idx), micro)
     total = torch.zeros((), device=accelerator.device)
     for j, i in enumerate(starts):
