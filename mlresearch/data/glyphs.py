@@ -65,9 +65,11 @@ def render(label: int, rng: np.random.Generator) -> np.ndarray:
     # PIL's affine transform maps each output pixel to the input pixel it samples: input = A out + offset
     a = np.array([[c, -s], [s, c]]) @ np.array([[1.0, rng.uniform(-0.25, 0.25)], [0.0, 1.0]]) * rng.uniform(0.9, 1.3)
     offset = np.array([mid, mid]) - a @ (np.array([mid, mid]) + rng.uniform(-3, 3, 2))
-    canvas = canvas.transform((CANVAS, CANVAS), Image.AFFINE, (a[0, 0], a[0, 1], offset[0], a[1, 0], a[1, 1], offset[1]),
-                              resample=Image.BILINEAR)
-    image = np.asarray(canvas.resize((SIDE, SIDE), Image.BILINEAR), dtype=np.float32) / 255 * rng.uniform(0.5, 1.0)
+    coefficients = (a[0, 0], a[0, 1], offset[0], a[1, 0], a[1, 1], offset[1])
+    canvas = canvas.transform((CANVAS, CANVAS), Image.Transform.AFFINE, coefficients,
+                              resample=Image.Resampling.BILINEAR)
+    image = np.asarray(canvas.resize((SIDE, SIDE), Image.Resampling.BILINEAR), dtype=np.float32) / 255
+    image = image * rng.uniform(0.5, 1.0)
     return np.clip(image + rng.normal(0.0, 0.08, image.shape), 0.0, 1.0).astype(np.float32)
 
 
