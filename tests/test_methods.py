@@ -171,7 +171,7 @@ def test_adaptive_alpha_logs_the_rescaling_it_applied_and_merges_half_and_half(t
     ck = tmp_path / "vc" / "checkpoints"
     partner, merged = load_model(ck / "partner1"), load_model(ck / "merged1")
     assert scale["mode"] == {"adaptive": "tensor", "adaptive-row": "row"}[mode] and scale["level"] == 1
-    assert scale["tensors"] == len(list(partner.parameters()))
+    assert scale["tensors"] == len(list(partner.parameters())) and scale["zero_norm_tensors"] == 0
     assert 0 < scale["norm_ratio_min"] <= scale["norm_ratio_median"] <= scale["norm_ratio_max"] < float("inf")
     if mode == "adaptive":  # merged = (partner + s * decoalesced) / 2 with ||s * decoalesced|| = ||partner||
         for (name, a), m in zip(partner.named_parameters(), merged.parameters()):

@@ -355,10 +355,11 @@ def merge(run, state: State, step: Step) -> None:
         alpha = search_alpha(run, partner, big, step)
     adaptive = {"adaptive": "tensor", "adaptive-row": "row"}.get(alpha, False) if isinstance(alpha, str) else False
     if adaptive:
-        ratios = sorted(norm_ratios(partner, big).values())
-        run.log.write({"event": "adaptive_scale", "level": k, "mode": adaptive, "tensors": len(ratios),
-                       "norm_ratio_min": ratios[0], "norm_ratio_median": ratios[len(ratios) // 2],
-                       "norm_ratio_max": ratios[-1]})
+        every = norm_ratios(partner, big).values()
+        ratios = sorted(r for r in every if r != float("inf")) or [None]  # zero tensors are left as they are
+        run.log.write({"event": "adaptive_scale", "level": k, "mode": adaptive, "tensors": len(every),
+                       "zero_norm_tensors": sum(r == float("inf") for r in every), "norm_ratio_min": ratios[0],
+                       "norm_ratio_median": ratios[len(ratios) // 2], "norm_ratio_max": ratios[-1]})
     merged = run.operator("interpolate", k, lambda: interpolate(
         partner, big, alpha=None if adaptive else float(alpha), adaptive=adaptive))
     run.log.write({"event": "interpolated", "level": k,
