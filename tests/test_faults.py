@@ -380,21 +380,16 @@ def test_ctrl_c_says_how_to_resume(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "mlresearch.cli", "train", SMOKE, "--out", str(out),
                              "--set", "train.steps=100000", "--set", "vcycle=null"], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # as from a terminal: a shell's background job (`cmd &`) would pass SIGINT on ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for _ in range(600):  # until training has begun (a row is written)
             if (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size:
                 break
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
-        try:
-            _, err = proc.communicate(timeout=45)
-        except subprocess.TimeoutExpired:  # seen once in ~10 suite runs: the first SIGINT was not acted on
-            import warnings            # (cause not found yet); a user presses Ctrl-C again, so does this test
-
-            warnings.warn("the first SIGINT did not stop the run within 45 s; sent a second")
-            proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=45)
+        _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 130
