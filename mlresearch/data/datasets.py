@@ -260,7 +260,8 @@ def load_images(cfg: dict, seed: int, size: int = 28) -> Data:
     train_i, val_i, test_i, tune_i = split_indices(len(x), seed, float(cfg.get("val_fraction", 0.1)),
                                                    float(cfg.get("test_fraction", 0.1)),
                                                    float(cfg.get("tune_fraction") or 0.0))
-    info = {"source": corpus if corpus != "mnist" else "mnist5k", "images": [len(train_i), len(val_i), len(test_i)] + ([len(tune_i)] if len(tune_i) else [])}
+    info = {"source": "mnist5k" if corpus == "mnist" else corpus,
+            "images": [len(train_i), len(val_i), len(test_i)] + ([len(tune_i)] if len(tune_i) else [])}
     return Data("image_cls", x[train_i], x[val_i], x[test_i], y[train_i], y[val_i], y[test_i], info=info,
                 tune=x[tune_i] if len(tune_i) else None, tune_labels=y[tune_i] if len(tune_i) else None)
 

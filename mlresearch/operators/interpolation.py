@@ -39,9 +39,12 @@ def norm_ratios(model: nn.Module, other: nn.Module) -> dict[str, float]:
     which adaptive interpolation rescales ``other``'s tensor as a whole (``inf`` for a zero ``b``,
     which it leaves as it is). Logged by the V-cycle's merge so a reader sees what "adaptive" did."""
     theirs = dict(other.named_parameters())
+    ratios = {}
     with torch.no_grad():
-        return {name: float(a.norm() / theirs[name].norm()) if theirs[name].norm() > 0 else float("inf")
-                for name, a in model.named_parameters()}
+        for name, a in model.named_parameters():
+            nb = float(theirs[name].norm())
+            ratios[name] = float(a.norm()) / nb if nb > 0 else float("inf")
+    return ratios
 
 
 def interpolate(
