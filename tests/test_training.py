@@ -327,13 +327,17 @@ def test_compare_reads_the_first_point_that_reaches_the_target(tmp_path):
     assert c["flops_saving_pct"] == pytest.approx(30.0)
     assert c["wall_saving_pct"] == pytest.approx(20.0)
     assert "flops_saving_at_final_pct" not in c  # it ended at 1.8, below anything the baseline reached
-    # A method that ends above the target, measured at its own final loss: the baseline first reached
-    # 2.4 at 300 FLOPs (2.5 > 2.4), so 250 FLOPs saved 16.7%; 2.6 it reached at 200, so 250 cost 25% more.
-    for final, saving in ((2.4, 100 * (1 - 250 / 300)), (2.6, 100 * (1 - 250 / 200))):
+    # A method that ends above the target, measured at its own final loss: the baseline's curve comes
+    # down to 2.4 between (200, 2.5) and (300, 1.95), 0.1/0.55 of the way, at 218.2 FLOPs (its first
+    # evaluation at or below 2.4 is at 300), so 250 FLOPs cost 14.6% more; 2.6 between (100, 3.0)
+    # and (200, 2.5) at 180; 2.95 just after the first evaluation at 110; 3.0 at the first one, 100.
+    for final, crossing in ((2.4, 200 + 100 * 0.1 / 0.55), (2.6, 180.0), (2.95, 110.0), (3.0, 100.0)):
+        saving = 100 * (1 - 250 / crossing)
         write_run(tmp_path / f"w{final}", kind="vcycle", rows=[
             {"phase": "up1", "step": 1, "val_loss": 2.9, "flops": 150.0, "wall": 15.0},
             {"phase": "up1", "step": 2, "val_loss": final, "flops": 250.0, "wall": 25.0}])
         c = compare_runs(tmp_path / "b", tmp_path / f"w{final}")
+        assert c["baseline_flops_to_method_final"] == pytest.approx(crossing)
         assert not c["reached"] and c["flops_saving_at_final_pct"] == pytest.approx(saving)
 
 

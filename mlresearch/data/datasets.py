@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -241,9 +242,20 @@ def load_image_folder(cfg: dict, seed: int, size: int) -> Data:
                 tune=LazyImages(train, tu, size) if len(tu) else None, tune_labels=labels[tu] if len(tu) else None)
 
 
-IMAGE_CORPORA = {  # name -> (the data section -> (images float32 [n, 1, 28, 28], labels int64 [n]))
-    "mnist": lambda cfg: corpora.mnist5k(),
-    "glyphs": lambda cfg: glyphs.glyphs(int(cfg.get("examples") or glyphs.DEFAULT_IMAGES)),
+@dataclass(frozen=True)
+class ImageCorpus:
+    """A built-in image set: ``load`` maps the data section to (images float32 [n, 1, 28, 28], labels
+    int64 [n]); ``sized`` says whether ``data.examples`` chooses how many it makes (a generated set)
+    or the set has a fixed size; ``source`` is the name runs record in their data info."""
+    source: str
+    load: Callable[[dict], tuple[np.ndarray, np.ndarray]]
+    sized: bool = False
+
+
+IMAGE_CORPORA = {
+    "mnist": ImageCorpus("mnist5k", lambda cfg: corpora.mnist5k()),
+    "glyphs": ImageCorpus("glyphs", lambda cfg: glyphs.glyphs(int(cfg.get("examples") or glyphs.DEFAULT_IMAGES)),
+                          sized=True),
 }
 
 
@@ -254,13 +266,15 @@ def load_images(cfg: dict, seed: int, size: int = 28) -> Data:
     corpus = corpus[0] if isinstance(corpus, list) and len(corpus) == 1 else corpus
     if not isinstance(corpus, str) or corpus not in IMAGE_CORPORA:
         raise DataError(f"unknown image corpus {cfg.get('corpus')!r}; known: {', '.join(IMAGE_CORPORA)}")
-    if cfg.get("examples") and corpus != "glyphs":
-        raise DataError(f"data.examples sizes a generated corpus (glyphs); {corpus} has a fixed size")
-    x, y = IMAGE_CORPORA[corpus](cfg)
+    entry = IMAGE_CORPORA[corpus]
+    if cfg.get("examples") and not entry.sized:
+        generated = ", ".join(name for name, c in IMAGE_CORPORA.items() if c.sized)
+        raise DataError(f"data.examples sizes a generated corpus ({generated}); {corpus} has a fixed size")
+    x, y = entry.load(cfg)
     train_i, val_i, test_i, tune_i = split_indices(len(x), seed, float(cfg.get("val_fraction", 0.1)),
                                                    float(cfg.get("test_fraction", 0.1)),
                                                    float(cfg.get("tune_fraction") or 0.0))
-    info = {"source": "mnist5k" if corpus == "mnist" else corpus,
+    info = {"source": entry.source,
             "images": [len(train_i), len(val_i), len(test_i)] + ([len(tune_i)] if len(tune_i) else [])}
     return Data("image_cls", x[train_i], x[val_i], x[test_i], y[train_i], y[val_i], y[test_i], info=info,
                 tune=x[tune_i] if len(tune_i) else None, tune_labels=y[tune_i] if len(tune_i) else None)
