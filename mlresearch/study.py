@@ -117,6 +117,8 @@ def collect(results: str | Path = "results") -> pd.DataFrame:
                     "target_val_loss": c["target_val_loss"], "baseline_flops": c["baseline_flops"],
                     "baseline_total_flops": c["baseline_total_flops"],
                     "method_total_flops": c["method_total_flops"], "reached": c["reached"],
+                    "baseline_tokens": c["baseline_tokens"], "method_tokens": c.get("method_tokens"),
+                    "method_total_tokens": c["method_total_tokens"],
                     "method_total_wall": c["method_total_wall"],
                     "method_flops": c.get("method_flops"), "flops_saving_pct": c.get("flops_saving_pct"),
                     "flops_saving_at_final_pct": c.get("flops_saving_at_final_pct"),
@@ -141,7 +143,7 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
     keys = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget"]
     df = df.copy()
     floats = ["method_downstream", "baseline_downstream", "acc_flops_saving_pct", "modelled_wall_saving_pct",
-              "flops_saving_at_final_pct"]
+              "flops_saving_at_final_pct", "method_tokens"]
     for c in (*floats, "reached_acc"):  # columns only some experiments or runs have
         if c not in df:
             df[c] = None
@@ -158,7 +160,9 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
                 baseline_downstream=("baseline_downstream", "mean"), downstream_runs=("method_downstream", "count"),
                 acc_flops_saving_pct=("acc_flops_saving_pct", "mean"), reached_acc=("reached_acc", "sum"),
                 baseline_flops=("baseline_flops", "mean"), method_flops_to_target=("method_flops", "mean"),
-                method_total_flops=("method_total_flops", "mean"))
+                method_total_flops=("method_total_flops", "mean"),
+                baseline_tokens_to_target=("baseline_tokens", "mean"), method_tokens_to_target=("method_tokens", "mean"),
+                method_total_tokens=("method_total_tokens", "mean"))
     out["method_flops_over_baseline"] = out["method_total_flops"] / g["baseline_total_flops"].mean()
     return out.reset_index()
 
@@ -167,8 +171,8 @@ def markdown(table: pd.DataFrame) -> str:
     if table.empty:
         return "_No method runs in results/ yet._"
     cols = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget", "seeds", "reached", "flops_saving_pct",
-            "modelled_wall_saving_pct", "flops_saving_at_final_pct", "method_flops_over_baseline", "final_val_loss_gap",
-            "downstream"]
+            "modelled_wall_saving_pct", "flops_saving_at_final_pct", "method_flops_over_baseline", "tokens",
+            "final_val_loss_gap", "downstream"]
     t = table.copy()
     t["flops_saving_pct"] = t["flops_saving_pct"].map(lambda x: "not reached" if pd.isna(x) else f"{x:.1f}")
     # Wall time only as the quiet per-shape benchmark models it (measured wall time is in runs.csv).
@@ -181,10 +185,14 @@ def markdown(table: pd.DataFrame) -> str:
     t["method_flops_over_baseline"] = t["method_flops_over_baseline"].map(lambda x: f"{x:.2f}")
     t["final_val_loss_gap"] = [f"{m:+.3f}" + ("" if pd.isna(sd) else f" ± {sd:.3f}")
                                for m, sd in zip(table["final_val_loss_gap"], table["final_val_loss_gap_std"])]
+    t["tokens"] = [_method_flops_cell(m, r, s, total, _count) + " / " + _count(b) for m, r, s, total, b in zip(
+        table["method_tokens_to_target"], table["reached"], table["seeds"], table["method_total_tokens"],
+        table["baseline_tokens_to_target"])]
     t["downstream"] = [_downstream_cell(r) for r in table.itertuples(index=False)]
     t = t[cols].rename(columns={"flops_saving_pct": "FLOPs saving %", "modelled_wall_saving_pct": "wall saving % (modelled)",
                                 "flops_saving_at_final_pct": "FLOPs saving % at its final loss",
                                 "method_flops_over_baseline": "total FLOPs / baseline",
+                                "tokens": "tokens to target: method / baseline",
                                 "final_val_loss_gap": "final val loss - baseline",
                                 "downstream": "downstream: method vs baseline"})
     header = "| " + " | ".join(t.columns) + " |\n|" + "---|" * len(t.columns) + "\n"
@@ -208,10 +216,18 @@ def paper_style(table: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([ours, paper], ignore_index=True)
 
 
-def _method_flops_cell(to_target: float, reached: int, seeds: int, total: float) -> str:
+def _method_flops_cell(to_target: float, reached: int, seeds: int, total: float, fmt="{:.3g}".format) -> str:
+    """A method's FLOPs (or tokens) to the target, mean over the seeds that reached it."""
     if reached == 0:
-        return f"not reached by {total:.3g}"
-    return f"{to_target:.3g}" + ("" if reached == seeds else f" ({int(reached)}/{int(seeds)} seeds)")
+        return f"not reached by {fmt(total)}"
+    return fmt(to_target) + ("" if reached == seeds else f" ({int(reached)}/{int(seeds)} seeds)")
+
+
+def _count(n: float) -> str:
+    """Tokens (images for image tasks) in M or k; "-" where a run did not record them."""
+    if pd.isna(n):
+        return "-"
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
 
 
 def _downstream_cell(row) -> str:

@@ -19,7 +19,7 @@ from mlresearch.checkpoint import load_model
 from mlresearch.families import family_of
 from mlresearch.operators import Scheme, decoalesce, interpolate
 from mlresearch.training import engine
-from mlresearch.training.compare import compare_runs
+from mlresearch.training.compare import compare_runs, reach
 from mlresearch.training.config import ConfigError, load_config, parse_config
 from mlresearch.training.engine import read_metrics
 from mlresearch.training.flops import planned_ledger, train_flops_per_example
@@ -313,17 +313,20 @@ def test_masking_and_splits():
 def test_compare_reads_the_first_point_that_reaches_the_target(tmp_path):
     # The baseline's last evaluation (2.0) is above its best (1.95): the target is the final one.
     write_run(tmp_path / "b", kind="baseline", rows=[
-        {"phase": "baseline", "step": s, "val_loss": v, "flops": f, "wall": f / 10}
+        {"phase": "baseline", "step": s, "val_loss": v, "flops": f, "wall": f / 10, "tokens": 64 * s}
         for s, v, f in ((1, 3.0, 100.0), (2, 2.5, 200.0), (3, 1.95, 300.0), (4, 2.0, 400.0))])
     write_run(tmp_path / "v", kind="vcycle", rows=[
-        {"phase": "small", "step": 1, "val_loss": 1.0, "flops": 10.0, "wall": 1.0},
+        {"phase": "small", "step": 1, "val_loss": 1.0, "flops": 10.0, "wall": 1.0, "tokens": 64},
         {"event": "operator", "op": "interpolate", "level": 1, "seconds": 0.1},
-        {"phase": "up1", "step": 1, "val_loss": 2.2, "flops": 150.0, "wall": 15.0},
-        {"phase": "up1", "step": 2, "val_loss": 1.99, "flops": 210.0, "wall": 24.0},
-        {"phase": "up1", "step": 3, "val_loss": 1.8, "flops": 270.0, "wall": 30.0}])
+        {"phase": "up1", "step": 1, "val_loss": 2.2, "flops": 150.0, "wall": 15.0, "tokens": 128},
+        {"phase": "up1", "step": 2, "val_loss": 1.99, "flops": 210.0, "wall": 24.0, "tokens": 192},
+        {"phase": "up1", "step": 3, "val_loss": 1.8, "flops": 270.0, "wall": 30.0, "tokens": 256}])
     c = compare_runs(tmp_path / "b", tmp_path / "v")
     assert c["target_val_loss"] == 2.0 and c["baseline_flops"] == 300.0  # first reached at its step 3
     assert c["method_flops"] == 210.0  # the small model's 1.0 does not count: it is not the full model
+    # Tokens at the same points: the baseline's step 3, the method's second full-model evaluation
+    # (counting what its small model saw before), and all the method saw.
+    assert (c["baseline_tokens"], c["method_tokens"], c["method_total_tokens"]) == (192, 192, 256)
     assert c["flops_saving_pct"] == pytest.approx(30.0)
     assert c["wall_saving_pct"] == pytest.approx(20.0)
     assert "flops_saving_at_final_pct" not in c  # it ended at 1.8, below anything the baseline reached
@@ -510,6 +513,11 @@ def test_study_tables_and_readme_section(tmp_path):
         c = compare_runs(results / "gpt2_smoke" / f"baseline-seed{r.seed}", results / "gpt2_smoke" / r.run)
         assert r.baseline_flops == c["baseline_flops"] and bool(r.reached) == c["reached"]
         assert r.method_total_flops == c["method_total_flops"] and r.method == c["method"]
+        # Tokens, computed independently: every step of every phase is a batch of 8 sequences of 32.
+        summary = __import__("json").loads((results / "gpt2_smoke" / r.run / "summary.json").read_text())
+        assert r.method_total_tokens == 8 * 32 * sum(p["steps"] for p in summary["phases"])
+        base_rows = read_metrics(results / "gpt2_smoke" / f"baseline-seed{r.seed}")
+        assert r.baseline_tokens == 8 * 32 * reach(base_rows, c["target_val_loss"])["step"]
     text = readme.read_text()
     assert "old" not in text and "| gpt2_smoke | vcycle | 2 | halving |" in text and text.endswith("after\n")
     assert "| gpt2_smoke | staged | 2 | grow width |" in text

@@ -6,7 +6,9 @@ only evaluations of the full-size model after the cycle (its last phase) count. 
 above the target is also measured at its own final loss: the FLOPs the baseline first needed to
 get there against the method's total (``flops_saving_at_final_pct``, negative when the method
 spent more). Image runs also get the same measurement for the baseline's final validation
-accuracy.
+accuracy. Tokens to the target (images for image tasks) are read at the same points as the FLOPs:
+the ledger's cumulative count, which for a multi-level run includes what its smaller models saw
+(a small model sees more tokens per FLOP, so a method can save FLOPs and still need more data).
 
 The saving at the target is measured at points that were evaluated, no interpolation: the method is
 charged its first evaluation at or below the target (a conservative reading: it may have got there
@@ -96,6 +98,7 @@ def compare_runs(baseline_dir: str | Path, vcycle_dir: str | Path) -> dict:
     out = {
         "method": method, "target_val_loss": target,
         "baseline_flops": b["flops"], "baseline_wall": b["wall"], "baseline_total_flops": base_evals[-1]["flops"],
+        "baseline_tokens": b.get("tokens"), "method_total_tokens": vc_last.get("tokens"),
         "method_final_val_loss": vc_last["val_loss"],
         "method_total_flops": vc_last["flops"], "method_total_wall": vc_last["wall"],
         "reached": v is not None,
@@ -116,7 +119,7 @@ def compare_runs(baseline_dir: str | Path, vcycle_dir: str | Path) -> dict:
         out.update(baseline_flops_to_method_final=b_final,
                    flops_saving_at_final_pct=100 * (1 - vc_last["flops"] / b_final))
     if v is not None:
-        out.update(method_flops=v["flops"], method_wall=v["wall"],
+        out.update(method_flops=v["flops"], method_wall=v["wall"], method_tokens=v.get("tokens"),
                    flops_saving_pct=100 * (1 - v["flops"] / b["flops"]),
                    wall_saving_pct=100 * (1 - v["wall"] / b["wall"]))
     return out
@@ -125,9 +128,10 @@ def compare_runs(baseline_dir: str | Path, vcycle_dir: str | Path) -> dict:
 def format_comparison(c: dict) -> str:
     name = {"vcycle": "V-cycle", "small": "small model alone"}.get(c.get("method", "vcycle"), c.get("method"))
     lines = [f"target (baseline final val loss): {c['target_val_loss']:.4f}",
-             f"baseline: {c['baseline_flops']:.3e} FLOPs, {c['baseline_wall']:.1f} s"]
+             f"baseline: {c['baseline_flops']:.3e} FLOPs, {c['baseline_wall']:.1f} s{_tokens(c['baseline_tokens'])}"]
     if c["reached"]:
-        lines += [f"{name} reached it at {c['method_flops']:.3e} FLOPs, {c['method_wall']:.1f} s",
+        lines += [f"{name} reached it at {c['method_flops']:.3e} FLOPs, {c['method_wall']:.1f} s"
+                  f"{_tokens(c['method_tokens'])}",
                   f"saving: {c['flops_saving_pct']:.1f}% FLOPs, {c['wall_saving_pct']:.1f}% wall time"]
     else:
         lines += [f"{name} did NOT reach it: final val loss {c['method_final_val_loss']:.4f} after "
@@ -142,3 +146,7 @@ def format_comparison(c: dict) -> str:
                      + (f"; reached at {c['acc_flops_saving_pct']:.1f}% FLOPs saving" if c["reached_acc"] else
                         f"; {name} did NOT reach the baseline's final accuracy"))
     return "\n".join(lines)
+
+
+def _tokens(n) -> str:
+    return "" if n is None else f", {n:.4g} tokens"
