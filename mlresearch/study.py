@@ -143,7 +143,7 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
     keys = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget"]
     df = df.copy()
     floats = ["method_downstream", "baseline_downstream", "acc_flops_saving_pct", "modelled_wall_saving_pct",
-              "flops_saving_at_final_pct", "method_tokens"]
+              "flops_saving_at_final_pct", "method_tokens", "baseline_tokens", "method_total_tokens"]
     for c in (*floats, "reached_acc"):  # columns only some experiments or runs have
         if c not in df:
             df[c] = None
@@ -185,7 +185,7 @@ def markdown(table: pd.DataFrame) -> str:
     t["method_flops_over_baseline"] = t["method_flops_over_baseline"].map(lambda x: f"{x:.2f}")
     t["final_val_loss_gap"] = [f"{m:+.3f}" + ("" if pd.isna(sd) else f" ± {sd:.3f}")
                                for m, sd in zip(table["final_val_loss_gap"], table["final_val_loss_gap_std"])]
-    t["tokens"] = [_method_flops_cell(m, r, s, total, _count) + " / " + _count(b) for m, r, s, total, b in zip(
+    t["tokens"] = [_to_target_cell(m, r, s, total, _count) + " / " + _count(b) for m, r, s, total, b in zip(
         table["method_tokens_to_target"], table["reached"], table["seeds"], table["method_total_tokens"],
         table["baseline_tokens_to_target"])]
     t["downstream"] = [_downstream_cell(r) for r in table.itertuples(index=False)]
@@ -205,8 +205,8 @@ def paper_style(table: pd.DataFrame) -> pd.DataFrame:
         "model": table.experiment, "levels": table.levels, "alpha": table.alpha,
         "variant": table.method + ": " + table.scheme + ", optimizer " + table.optimizer + ", budget " + table.budget,
         "seeds": table.seeds, "baseline FLOPs": table.baseline_flops.map("{:.3g}".format),
-        "method FLOPs": [_method_flops_cell(*r) for r in zip(table.method_flops_to_target, table.reached,
-                                                                table.seeds, table.method_total_flops)],
+        "method FLOPs": [_to_target_cell(*r) for r in zip(table.method_flops_to_target, table.reached,
+                                                             table.seeds, table.method_total_flops)],
         "FLOPs saving %": table.flops_saving_pct.round(1),
         "wall saving %": table.modelled_wall_saving_pct.round(1),  # modelled from the quiet per-shape benchmark
         "final metric vs baseline": [_downstream_cell(r) for r in table.itertuples(index=False)],
@@ -216,7 +216,7 @@ def paper_style(table: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([ours, paper], ignore_index=True)
 
 
-def _method_flops_cell(to_target: float, reached: int, seeds: int, total: float, fmt="{:.3g}".format) -> str:
+def _to_target_cell(to_target: float, reached: int, seeds: int, total: float, fmt="{:.3g}".format) -> str:
     """A method's FLOPs (or tokens) to the target, mean over the seeds that reached it."""
     if reached == 0:
         return f"not reached by {fmt(total)}"
