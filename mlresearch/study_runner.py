@@ -7,9 +7,9 @@ time, resumable (a finished run is skipped, a killed one resumes), choices made 
    choice go to ``<root>/tables/baseline_tuning.csv``; the chosen LR and warm-up are every seed's
    baseline's, and every method's for its full-size model (see :meth:`Study.full_model_lr`). A spec
    without ``tuning`` uses the preset's.
-2. **Every run on its seeds**: the main rows on ``seeds`` first, then the rest on ``variant_seeds``; the
-   ``best`` V-cycle (lowest mean tuning loss over ``variant_seeds`` among ``best.among``) then runs
-   on every seed. Runs land in ``<root>/<experiment>/``.
+2. **Every run on its seeds**: the main rows on ``seeds`` first, then the rest, one variant at a time,
+   on ``variant_seeds``; the ``best`` V-cycle (lowest mean tuning loss over ``variant_seeds`` among
+   ``best.among``) then runs on every seed. Runs land in ``<root>/<experiment>/``.
 3. **The answer**: each run against the baseline of its seed (mean and spread over seeds), and the
    study's CPU-hour total: each run's CPU seconds (the child process's ``getrusage``) are added to
    ``<run>/cpu.json``.
@@ -283,15 +283,17 @@ class Study:
         return choice
 
     def all_runs(self) -> None:
-        """The main rows on every seed first (they answer the question), then the variants."""
+        """The main rows on every seed first (they answer the question), then each variant on all of
+        ``variant_seeds`` before the next, in the spec's order, so a study stopped part-way has whole
+        rows (mean and spread) rather than one seed of everything."""
         seeds, variant_seeds = self.spec["seeds"], self.spec["variant_seeds"]
         main = ["baseline", *(n for n, item in self.spec["runs"].items() if item.get("main"))]
         for seed in seeds:
             for name in main:
                 self.run(name, seed)
-        for seed in variant_seeds:
-            for name in self.spec["runs"]:
-                if name not in main:
+        for name in self.spec["runs"]:
+            if name not in main:
+                for seed in variant_seeds:
                     self.run(name, seed)
         if "best" in self.spec and not self.dry_run:
             choice = self.best()
