@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -41,6 +42,19 @@ class DownstreamConfig:
     finetune_warmup: int = 15
     seed: int = 0  # classifier-head init and batch order
     threads: int = 2
+
+
+@contextmanager
+def torch_threads(n: int | None):
+    """torch's intra-op threads set to ``n`` (unchanged when None or 0) for the block, then put back:
+    an evaluation called from a notebook or another run must not leave the process's setting changed."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def finished_run(run: Path):
@@ -166,9 +180,9 @@ CHECKS = {"causal_lm": zero_shot_perplexity, "masked_lm": bbc_topic_accuracy, "i
 def evaluate_run(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> dict:
     """Run the check for the run's task and write ``<run>/downstream.json``."""
     run = Path(run)
-    torch.set_num_threads(dc.threads)
     cfg, *_ = finished_run(run)
-    result = CHECKS[cfg.task](run, dc)
+    with torch_threads(dc.threads):
+        result = CHECKS[cfg.task](run, dc)
     record = {"run": run.name, "task": cfg.task, **result, "provenance": provenance(asdict(dc), dc.seed)}
     write_json(run / "downstream.json", record)
     return record

@@ -58,8 +58,14 @@ def test_zero_shot_text_must_be_unseen(gpt2_run):
 def test_bbc_fine_tuning_classifies_only_articles_held_out_of_pretraining(tmp_path):
     cfg = smoke("bert")
     run_baseline(cfg, tmp_path / "bert")
-    dc = DownstreamConfig(finetune_steps=4, finetune_batch=8, finetune_warmup=2)
-    r1 = evaluate_run(tmp_path / "bert", dc)
+    dc = DownstreamConfig(finetune_steps=4, finetune_batch=8, finetune_warmup=2, threads=2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        r1 = evaluate_run(tmp_path / "bert", dc)
+        assert torch.get_num_threads() == 1  # the check ran on dc.threads, then put the caller's setting back
+    finally:
+        torch.set_num_threads(before)
     ts = text_split(cfg.task, asdict(cfg.data), cfg.seed)
     assert r1["held_out_articles"] == len(ts.val) + len(ts.test) and r1["train_articles"] == len(ts.train)
     assert set(ts.train).isdisjoint(set(ts.val) | set(ts.test))

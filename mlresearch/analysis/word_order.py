@@ -69,13 +69,13 @@ def run_word_order(run: str | Path, batches: int = 8) -> WordOrder:
     """:func:`word_order` of a finished run's final model on its own validation split."""
     from ..checkpoint import load_model
     from ..data.datasets import load_data
-    from ..downstream import finished_run
+    from ..downstream import finished_run, torch_threads
     from ..tasks import task_of
 
     cfg, data_cfg, _, model_dir = finished_run(Path(run))
     task = task_of(cfg.task)
     if not task.sequences:
         raise ValueError(f"{run}: word order needs a sequence task, not {cfg.task!r}")
-    torch.set_num_threads(int(cfg.train.threads or torch.get_num_threads()))
-    return word_order(load_model(model_dir), load_data(cfg.task, data_cfg, cfg.seed), task, batches=batches,
-                      seed=cfg.seed)
+    with torch_threads(cfg.train.threads):
+        return word_order(load_model(model_dir), load_data(cfg.task, data_cfg, cfg.seed), task, batches=batches,
+                          seed=cfg.seed)
