@@ -210,10 +210,16 @@ class Study:
         warmup = min((r for r in rows if r["lr"] == lr), key=lambda r: r["tune_loss"])["warmup"]
         table = pd.DataFrame(rows).assign(chosen=lambda d: (d.lr == lr) & (d.warmup == warmup))
         out = self.root / "tables" / "baseline_tuning.csv"
-        previous = pd.read_csv(out) if out.exists() else pd.DataFrame(columns=["experiment"])
+        previous = (pd.read_csv(out, float_precision="round_trip") if out.exists()
+                    else pd.DataFrame(columns=["experiment"]))
         mine = previous[previous.experiment == self.experiment].drop(columns="git_commit", errors="ignore")
-        same = len(mine) == len(table) and mine.reset_index(drop=True).astype(str).equals(table.astype(str))
-        if not same and not self.dry_run:  # (a rerun that changes nothing keeps the file and its commit)
+        # A rerun that changes nothing keeps the file and its commit: the same candidates, losses and
+        # choice (a candidate found later as the experiment's own baseline, the same configuration and
+        # the same loss, does not count as a change).
+        cols = ["seed", "lr", "warmup", "tune_loss", "chosen"]
+        same = len(mine) == len(table) and set(cols) <= set(mine) and \
+            (mine[cols].to_numpy(dtype=float) == table[cols].to_numpy(dtype=float)).all()
+        if not same and not self.dry_run:
             table = table.assign(git_commit=provenance({}, 0)["git_commit"])
             table = pd.concat([previous[previous.experiment != self.experiment], table], ignore_index=True)
             out.parent.mkdir(parents=True, exist_ok=True)

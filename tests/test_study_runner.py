@@ -77,9 +77,12 @@ def test_study_tunes_on_the_tuning_split_runs_every_seed_and_resumes(tmp_path, c
     for d in [*(runs / "gpt2_smoke").iterdir(), *(runs / "gpt2_smoke-tuning").iterdir()]:
         assert d.name == "baseline-seed0" or json.loads((d / "cpu.json").read_text())["cpu_seconds"] > 0
     # Run again: every run is finished, nothing trains (the metrics files stay byte for byte).
+    # The tuning table stays byte for byte too, though the chosen candidate is now found as seed 0's baseline.
     before = {d.name: (d / "metrics.jsonl").read_bytes() for d in (runs / "gpt2_smoke").iterdir()}
+    tuning_before = (runs / "tables" / "baseline_tuning.csv").read_bytes()
     run_study(path)
     assert before == {d.name: (d / "metrics.jsonl").read_bytes() for d in (runs / "gpt2_smoke").iterdir()}
+    assert (runs / "tables" / "baseline_tuning.csv").read_bytes() == tuning_before
 
 
 def test_a_finished_run_with_another_configuration_is_not_reused(tmp_path):
