@@ -4,8 +4,8 @@ The masked-LM downstream check (`mlresearch downstream`) fine-tunes once, with s
 init and batch order). Runs of nearly equal pre-training loss have scored ~0.1 apart on it, so before a
 gap between two methods is read as real, this refits the *same* pre-trained models with other
 fine-tuning seeds and writes every score to ``results/tables/downstream_noise.csv`` (run, fine-tuning
-seed, accuracy, git commit). Resumable: a (run, seed) already in the table is not refit. Seed 0 must
-reproduce the run's own ``downstream.json`` (checked).
+seed, accuracy, git commit), each run with the recipe its ``downstream.json`` records. Resumable: a
+(run, seed) already in the table is not refit. Seed 0 must reproduce that ``downstream.json`` (checked).
 
     nice python experiments/downstream_noise.py results/bert_mask40_15k/baseline-seed0 \\
         results/bert_mask40_15k/staged-width-seed0 --seeds 5
@@ -35,14 +35,16 @@ def main() -> None:
     for r in runs:
         if not (r / "downstream.json").exists():
             raise SystemExit(f"{r}: no downstream.json (run `mlresearch downstream {r}` first)")
+        if json.loads((r / "downstream.json").read_text())["task"] != "bbc_topics":
+            raise SystemExit(f"{r}: not a masked-LM run; only the BBC fine-tuning check has a fine-tuning seed")
     out = REPO / args.out
     table = pd.read_csv(out) if out.exists() else pd.DataFrame(columns=["run", "finetune_seed", "accuracy", "git_commit"])
     commit = provenance({}, 0)["git_commit"]
-    base = DownstreamConfig()
-    with torch_threads(base.threads):
-        for r in runs:
-            name = str(r.relative_to(REPO / "results"))
-            recorded = json.loads((r / "downstream.json").read_text())
+    for r in runs:
+        name = str(r.relative_to(REPO / "results")) if r.is_relative_to(REPO / "results") else str(r)
+        recorded = json.loads((r / "downstream.json").read_text())
+        base = DownstreamConfig(**recorded["provenance"]["config"])  # the recipe the run was scored with
+        with torch_threads(base.threads):
             for seed in range(args.seeds):
                 if ((table.run == name) & (table.finetune_seed == seed)).any():
                     continue

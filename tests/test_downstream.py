@@ -78,6 +78,38 @@ def test_bbc_fine_tuning_classifies_only_articles_held_out_of_pretraining(tmp_pa
     assert sel["train_articles"] + sel["held_out_articles"] == len(ts.train)
 
 
+def test_downstream_noise_refits_with_the_recorded_recipe_and_resumes(tmp_path, monkeypatch, capsys):
+    """experiments/downstream_noise.py: seed 0 is the run's own downstream.json, other seeds differ
+    only in the fine-tuning seed, and a rerun refits nothing."""
+    import importlib.util
+    import sys
+
+    import pandas as pd
+
+    from mlresearch.results import REPO
+
+    spec = importlib.util.spec_from_file_location("downstream_noise", REPO / "experiments" / "downstream_noise.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    run, out = tmp_path / "bert", tmp_path / "noise.csv"
+    run_baseline(smoke("bert"), run)
+    monkeypatch.setattr(sys, "argv", ["downstream_noise.py", str(run), "--seeds", "2", "--out", str(out)])
+    with pytest.raises(SystemExit, match="no downstream.json"):
+        script.main()
+    assert not out.exists()  # refused before anything was written
+    dc = DownstreamConfig(finetune_steps=4, finetune_batch=8, finetune_warmup=2)
+    recorded = evaluate_run(run, dc)
+    script.main()
+    table = pd.read_csv(out)
+    assert list(table.finetune_seed) == [0, 1]
+    assert table.accuracy[0] == recorded["accuracy"]  # the recorded recipe (4 steps), not the default 150
+    assert table.accuracy[1] == bbc_topic_accuracy(run, DownstreamConfig(**{**asdict(dc), "seed": 1}))["accuracy"]
+    before = out.read_bytes()
+    capsys.readouterr()
+    script.main()
+    assert out.read_bytes() == before and ": accuracy" not in capsys.readouterr().out  # nothing refit
+
+
 def test_downstream_needs_a_finished_run(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a finished run"):
         evaluate_run(tmp_path)
