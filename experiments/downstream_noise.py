@@ -31,18 +31,21 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5, help="fine-tuning seeds 0 .. N-1")
     ap.add_argument("--out", default="results/tables/downstream_noise.csv")
     args = ap.parse_args()
-    runs = [Path(r).resolve() for r in args.runs]
-    for r in runs:
+    records = {}
+    for r in (Path(r).resolve() for r in args.runs):
         if not (r / "downstream.json").exists():
             raise SystemExit(f"{r}: no downstream.json (run `mlresearch downstream {r}` first)")
-        if json.loads((r / "downstream.json").read_text())["task"] != "bbc_topics":
+        records[r] = json.loads((r / "downstream.json").read_text())
+        if records[r]["task"] != "bbc_topics":
             raise SystemExit(f"{r}: not a masked-LM run; only the BBC fine-tuning check has a fine-tuning seed")
     out = REPO / args.out
-    table = pd.read_csv(out) if out.exists() else pd.DataFrame(columns=["run", "finetune_seed", "accuracy", "git_commit"])
+    # round_trip: rows already in the table are written back with the very digits they were read with
+    table = (pd.read_csv(out, float_precision="round_trip") if out.exists()
+             else pd.DataFrame(columns=["run", "finetune_seed", "accuracy", "git_commit"]))
     commit = provenance({}, 0)["git_commit"]
-    for r in runs:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for r, recorded in records.items():
         name = str(r.relative_to(REPO / "results")) if r.is_relative_to(REPO / "results") else str(r)
-        recorded = json.loads((r / "downstream.json").read_text())
         base = DownstreamConfig(**recorded["provenance"]["config"])  # the recipe the run was scored with
         with torch_threads(base.threads):
             for seed in range(args.seeds):
@@ -54,7 +57,6 @@ def main() -> None:
                                      f"{recorded['accuracy']:.4f}: the check is not reproducible here")
                 row = pd.DataFrame([{"run": name, "finetune_seed": seed, "accuracy": acc, "git_commit": commit}])
                 table = row if table.empty else pd.concat([table, row], ignore_index=True)
-                out.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_text(out, table.sort_values(["run", "finetune_seed"]).to_csv(index=False))
                 print(f"{name} fine-tuning seed {seed}: accuracy {acc:.4f}")
     for name, g in table.groupby("run"):
