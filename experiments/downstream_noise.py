@@ -39,9 +39,7 @@ def main() -> None:
         if records[r]["task"] != "bbc_topics":
             raise SystemExit(f"{r}: not a masked-LM run; only the BBC fine-tuning check has a fine-tuning seed")
     out = REPO / args.out
-    # round_trip: rows already in the table are written back with the very digits they were read with
-    table = (pd.read_csv(out, float_precision="round_trip") if out.exists()
-             else pd.DataFrame(columns=["run", "finetune_seed", "accuracy", "git_commit"]))
+    table = pd.read_csv(out) if out.exists() else pd.DataFrame(columns=["run", "finetune_seed", "accuracy", "git_commit"])
     commit = provenance({}, 0)["git_commit"]
     out.parent.mkdir(parents=True, exist_ok=True)
     for r, recorded in records.items():

@@ -210,8 +210,7 @@ class Study:
         warmup = min((r for r in rows if r["lr"] == lr), key=lambda r: r["tune_loss"])["warmup"]
         table = pd.DataFrame(rows).assign(chosen=lambda d: (d.lr == lr) & (d.warmup == warmup))
         out = self.root / "tables" / "baseline_tuning.csv"
-        previous = (pd.read_csv(out, float_precision="round_trip") if out.exists()
-                    else pd.DataFrame(columns=["experiment"]))
+        previous = pd.read_csv(out) if out.exists() else pd.DataFrame(columns=["experiment"])
         mine = previous[previous.experiment == self.experiment].drop(columns="git_commit", errors="ignore")
         # A rerun that changes nothing keeps the file and its commit: the same candidates, losses and
         # choice (a candidate found later as the experiment's own baseline, the same configuration and
