@@ -320,17 +320,21 @@ def test_preserving_up_path_keeps_the_small_models_function(family):
         assert ((ref - got).abs().max() / ref.abs().max()).item() <= 1e-5
 
 
-def test_stacking_copies_the_whole_layer_stack():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_stacking_copies_the_whole_layer_stack(family):
+    """G_stack on every family: block i of the stacked model is block i mod L of the original,
+    every parameter outside the blocks is unchanged, and the config says the new depth."""
     from mlresearch.operators import stack_layers
 
-    model = randomize(FACTORIES["llama"](layers=2), 4)
+    model = randomize(FACTORIES[family](layers=2), 4)
     stacked = stack_layers(model, 3)
+    assert family_of(stacked).sizes(stacked).layers == 6
+    prefix = family_of(model).layers + "."
     p, q = dict(model.named_parameters()), dict(stacked.named_parameters())
-    assert stacked.config.num_hidden_layers == 6
+    assert len(q) == len(p) + 2 * sum(name.startswith(prefix) for name in p)  # blocks x3, the rest once
     for name, value in q.items():
-        if ".layers." in name:
-            i = int(name.split(".layers.")[1].split(".")[0])
-            source = name.replace(f".layers.{i}.", f".layers.{i % 2}.")
-            assert torch.equal(value, p[source]), name
+        if name.startswith(prefix):
+            i, rest = name[len(prefix):].split(".", 1)
+            assert torch.equal(value, p[f"{prefix}{int(i) % 2}.{rest}"]), name
         else:
             assert torch.equal(value, p[name]), name
