@@ -249,8 +249,14 @@ def save_model(model: nn.Module, path: str | os.PathLike, overwrite: bool = Fals
 
 
 def load_model(path: str | os.PathLike) -> nn.Module:
-    """Load a directory written by :func:`save_model` (or by HF ``save_pretrained``)."""
+    """Load a directory written by :func:`save_model` (or by HF ``save_pretrained``).
+
+    Nothing in the directory can run code: only the model classes the family table names are
+    built, never a class the directory supplies itself (``auto_map`` + ``modeling_*.py``), and
+    transformers is told ``trust_remote_code=False`` so it never asks whether to run it."""
     path = Path(path)
+    if not path.exists() and path.parent.is_dir():
+        recover(path)  # a replace killed between its two renames: the previous version is put back
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {path} does not exist")
     if not (path / WEIGHTS).is_file():
@@ -280,17 +286,24 @@ def _load_hf(path: Path, config: dict) -> nn.Module:
     import transformers
     from transformers.utils import logging as hf_logging
 
-    _check_safetensors(path / WEIGHTS)
+    if not isinstance(config, dict):
+        raise CheckpointError(f"checkpoint {path}: config.json is not a JSON object")
+    if "auto_map" in config:
+        raise CheckpointError(f"checkpoint {path}: config.json has an auto_map (model code shipped in the directory); "
+                              "code from a model directory is never run: save the model with a supported class")
     archs = config.get("architectures") or []
-    cls = getattr(transformers, archs[0], None) if archs else None
-    if cls is None:
-        raise CheckpointError(f"checkpoint {path}: config.json names no known transformers architecture ({archs})")
+    known = sorted(c for f in FAMILIES.values() for c in getattr(f, "classes", ()))
+    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in known:
+        raise CheckpointError(f"checkpoint {path}: config.json's architectures {archs} is not one of the supported "
+                              f"classes {known}")
+    cls = getattr(transformers, archs[0])
+    _check_safetensors(path / WEIGHTS)
     # The weights must be exactly what the config describes: from_pretrained would otherwise drop
     # extra tensors (more layers than the config says) and randomly initialise missing ones.
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report would repeat, in a table, what the error below says
     try:
-        model, info = cls.from_pretrained(str(path), output_loading_info=True)
+        model, info = cls.from_pretrained(str(path), output_loading_info=True, trust_remote_code=False)
     finally:
         hf_logging.set_verbosity(verbosity)
     problems = [f"{what} {sorted(map(str, names))[:4]}{' ...' if len(names) > 4 else ''}"

@@ -54,6 +54,7 @@ def _cmd_map(args: argparse.Namespace) -> int:
     from .families import family_of
     from .operators import coalesce, decoalesce, interpolate
 
+    _check_model_out(args)
     start = time.perf_counter()
     model = load_model(args.src)
     if args.op == "interpolate":
@@ -71,6 +72,17 @@ def _cmd_map(args: argparse.Namespace) -> int:
     print(f"{args.op}: {args.src} -> {args.out} with {what}")
     print(f"  {before} -> {after}; {time.perf_counter() - start:.2f}s")
     return 0
+
+
+def _check_model_out(args: argparse.Namespace) -> None:
+    """Before any work: ``--out`` is free, or (``--overwrite``) a model directory this project wrote."""
+    from .overwrite import MODEL, check_overwrite
+
+    out = Path(args.out)
+    if args.overwrite:
+        check_overwrite(out, MODEL)
+    elif out.exists() or out.is_symlink():
+        raise FileExistsError(f"--out {out} already exists (pass --overwrite to replace a model directory there)")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -139,6 +151,7 @@ def _cmd_new(args: argparse.Namespace) -> int:
     from .checkpoint import save_model
     from .families import FAMILIES, Sizes
 
+    _check_model_out(args)
     torch.manual_seed(args.seed)
     sizes = Sizes(layers=args.layers, heads=args.heads, kv_heads=args.kv_heads or args.heads, hidden=args.hidden,
                   ffn=args.ffn or 4 * args.hidden, head_dim=args.hidden // args.heads)

@@ -287,7 +287,7 @@ def test_default_runs_go_to_runs_and_overwrite_spares_committed_files(tmp_path):
     assert again.returncode == 0 and "reusing runs/gpt2_smoke/baseline-seed0 (finished, same config" in again.stdout
     assert (mine / "metrics.jsonl").read_text() == rows  # reported, not trained again
     refused = cli("train", SMOKE, "--root", "results", "--overwrite", cwd=tmp_path)
-    assert refused.returncode == 2 and "committed study" in refused.stderr
+    assert refused.returncode == 2 and "--overwrite refuses" in refused.stderr and "nothing was deleted" in refused.stderr
     assert (committed / "summary.json").read_text() == "{}"
 
 

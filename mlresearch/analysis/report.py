@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import atomic_dir, load_model
+from ..overwrite import REPORT, check_overwrite
 from ..data.datasets import load_data, make_batch
 from ..results import provenance, write_json
 from . import plots
@@ -31,6 +32,10 @@ def similarity_report(out: str | Path, run: str | Path | None = None, model_dir:
                       overwrite: bool = False) -> Path:
     if (run is None) == (model_dir is None):
         raise ValueError("give exactly one of --run or --model")
+    if overwrite:
+        check_overwrite(out, REPORT)  # before any work: only a report this project wrote is replaced
+    elif Path(out).exists():
+        raise FileExistsError(f"--out {out} already exists (pass --overwrite to replace a similarity report there)")
     import matplotlib
 
     matplotlib.use("Agg")  # files only

@@ -443,6 +443,10 @@ def vcycle(cfg: RunConfig) -> Plan:
     """
     _needs_vcycle(cfg, "vcycle")
     v, t, K = cfg.vcycle, cfg.train, cfg.vcycle.levels
+    if v.down_steps[0] + v.up_steps[-1] > t.steps:  # checked here: only the V-cycle spends this budget
+        raise ConfigError(f"budgets do not add up: the V-cycle trains the full model for {v.down_steps[0]} + "
+                          f"{v.up_steps[-1]} = {v.down_steps[0] + v.up_steps[-1]} steps, more than the baseline's "
+                          f"train.steps {t.steps}")
     lrs = v.lr or [t.lr] * K
     carry = (("carry", v.optimizer == "carry"),)
     plan: Plan = [Step("new_model", 1)]

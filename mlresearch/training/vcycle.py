@@ -11,7 +11,6 @@ import fcntl
 import json
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from ..checkpoint import (atomic_write_text, load_model, load_state, recover_tre
                           state_value)
 from ..errors import MLResearchError
 from ..faults import fault_point
+from ..overwrite import RUN, check_is_run, check_overwrite
 from ..data.datasets import load_data
 from ..results import provenance, write_json
 from .config import METHOD_SECTIONS, ConfigError, RunConfig, default_value
@@ -49,16 +49,6 @@ def default_out(cfg: RunConfig, kind: str, root: str | Path | None = None) -> Pa
     if not out.resolve().is_relative_to(base.resolve()) or len(out.relative_to(base).parts) != 2:
         raise ConfigError(f"run name {cfg.experiment}/{name} would leave {base}")
     return out
-
-
-def _tracked_files(path: Path) -> list[str]:
-    """Files under ``path`` that git tracks (the committed study, say)."""
-    try:
-        out = subprocess.run(["git", "ls-files", "--", "."], cwd=path, capture_output=True, text=True,
-                             check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return []
-    return out.split()
 
 
 def _latest_checkpoint_rows(ckpt: Path) -> int:
@@ -118,17 +108,17 @@ class Run:
         self.accelerator.wait_for_everyone()  # every rank looks before any rank creates the directory
         exists = self.out.exists() and any(p.name != ".lock" for p in self.out.iterdir())
         self.accelerator.wait_for_everyone()
+        if resume and overwrite:
+            raise ConfigError("--resume continues a run and --overwrite starts it over: give one of them")
         if exists and not resume:
             if not overwrite:
                 changed = config_differences(self.out, cfg, kind)
                 other = f" with another config (differs in {', '.join(changed)})" if changed else ""
                 raise FileExistsError(f"{self.out} exists{other}; pass --resume to continue it, --overwrite to start "
                                       "over, or --out/--root to write elsewhere")
-            tracked = _tracked_files(self.out)
-            if tracked:
-                raise FileExistsError(f"{self.out} holds {len(tracked)} file(s) of the committed study; --overwrite "
-                                      "will not delete them: write elsewhere with --out or --root")
+            check_overwrite(self.out, RUN)  # only a run this project wrote, nothing git tracks
         if exists and resume:
+            check_is_run(self.out)
             changed = config_differences(self.out, cfg, kind)
             if changed:
                 raise ConfigError(f"{self.out} was started with another config (differs in {', '.join(changed)}); "

@@ -1,0 +1,264 @@
+"""Reliability: nothing in a model directory runs code, ``--overwrite`` deletes only what a run wrote.
+
+Each test plants what a hostile or careless user would (a model directory shipping its own Python,
+``--out`` at a folder of their own files, a run inside a checkout git cannot read) and checks both
+the refusal (one line naming the path and the reason) and that nothing on disk changed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from models import FACTORIES
+
+from mlresearch.checkpoint import load_model, save_model
+from mlresearch.cli import main
+from mlresearch.errors import CheckpointError
+from mlresearch.training.engine import read_metrics
+from mlresearch.overwrite import MODEL, RUN, OverwriteRefused, check_is_run, check_overwrite
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = str(REPO / "experiments" / "configs" / "gpt2_smoke.yaml")
+BERT_SMOKE = str(REPO / "experiments" / "configs" / "bert_smoke.yaml")
+
+pytestmark = pytest.mark.usefixtures("isolated_data_cache")
+
+
+def one_error(capsys) -> str:
+    err = capsys.readouterr().err  # in-process: a crash would raise here rather than print a traceback
+    lines = [line for line in err.splitlines() if line.startswith("mlresearch:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- nothing from disk runs code
+def plant_remote_code(directory: Path, marker: Path, architecture: str = "AutoModelForCausalLM") -> Path:
+    """A model directory whose config names its own class (``auto_map``) in a ``modeling_*.py``
+    that touches ``marker`` when it is imported: what transformers would run after a "y"."""
+    source = directory.parent / f".genuine-{directory.name}"
+    save_model(FACTORIES["gpt2"](), source)
+    shutil.copytree(source, directory, dirs_exist_ok=True)
+    shutil.rmtree(source)
+    config = json.loads((directory / "config.json").read_text())
+    config.update(architectures=[architecture], model_type="evil_gpt2",
+                  auto_map={"AutoConfig": "modeling_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.EvilModel"})
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "modeling_evil.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+        "from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "class EvilConfig(GPT2Config):\n    model_type = 'evil_gpt2'\n"
+        "class EvilModel(GPT2LMHeadModel):\n    config_class = EvilConfig\n")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def finished_bert(tmp_path_factory):
+    """A finished masked-LM run (downstream and resume read its models)."""
+    out = tmp_path_factory.mktemp("bert") / "run"
+    assert main(["run", BERT_SMOKE, "--method", "baseline", "--set", "train.steps=4", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize("architecture", ["AutoModelForCausalLM", "GPT2LMHeadModel"])
+def test_a_model_directory_never_runs_its_own_code(tmp_path, monkeypatch, capsys, architecture):
+    marker = tmp_path / "touched"
+    evil = plant_remote_code(tmp_path / "evil", marker, architecture)
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n" * 1000))  # `yes |`: every prompt would be answered y
+    with pytest.raises(CheckpointError, match="auto_map"):
+        load_model(evil)
+    commands = [["check", str(evil)],
+                ["map", "coalesce", "--src", str(evil), "--out", str(tmp_path / "small"), "--halving"],
+                ["map", "interpolate", "--src", str(evil), "--with", str(evil), "--out", str(tmp_path / "mix"),
+                 "--alpha", "0.5"],
+                ["similarity", "--model", str(evil), "--data", SMOKE, "--out", str(tmp_path / "sim")]]
+    for argv in commands:
+        assert main(argv) == 2, argv
+        line = one_error(capsys)
+        assert str(evil) in line and "auto_map" in line, (argv, line)
+    assert not marker.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evil"]  # no command wrote anything
+
+
+def test_only_the_family_tables_classes_are_built(tmp_path):
+    model = save_model(FACTORIES["gpt2"](), tmp_path / "m")
+    config = json.loads((model / "config.json").read_text())
+    for archs in (["GPT2ForSequenceClassification"], ["AutoModel"], [], ["GPT2LMHeadModel", "BertForMaskedLM"]):
+        (model / "config.json").write_text(json.dumps({**config, "architectures": archs}))
+        with pytest.raises(CheckpointError, match="not one of the supported classes"):
+            load_model(model)
+
+
+def test_downstream_and_resume_refuse_planted_code(finished_bert, tmp_path, monkeypatch, capsys):
+    marker = tmp_path / "touched"
+    run = tmp_path / "run"
+    shutil.copytree(finished_bert, run, ignore=shutil.ignore_patterns(".lock"))
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n" * 1000))
+    shutil.rmtree(run / "final_model")
+    plant_remote_code(run / "final_model", marker, "AutoModelForMaskedLM")
+    assert main(["downstream", str(run)]) == 2
+    assert "auto_map" in one_error(capsys)
+    # Resume reads each finished phase's checkpointed model.
+    (run / "summary.json").unlink()
+    phase_model = next((run / "checkpoints").glob("*/model"))
+    shutil.rmtree(phase_model)
+    plant_remote_code(phase_model, marker, "AutoModelForMaskedLM")
+    assert main(["run", BERT_SMOKE, "--method", "baseline", "--set", "train.steps=4", "--out", str(run),
+                 "--resume"]) == 2
+    assert "auto_map" in one_error(capsys)
+    assert not marker.exists() and not (run / "downstream.json").exists()
+
+
+def test_downstream_refuses_a_config_that_disagrees_with_its_weights(finished_bert, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_bert, run, ignore=shutil.ignore_patterns(".lock", "checkpoints"))
+    config = json.loads((run / "final_model" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2
+    (run / "final_model" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    assert main(["downstream", str(run)]) == 2
+    assert "disagree" in one_error(capsys) and not (run / "downstream.json").exists()
+
+
+def test_a_replace_killed_between_its_renames_is_found_by_readers(tmp_path):
+    model = save_model(FACTORIES["gpt2"](), tmp_path / "m")
+    dead = 2**22 + 12345  # above the default pid_max: no live process has it
+    old = tmp_path / f".m.old-{dead}"
+    os.replace(model, old)  # the state a kill between the two renames of atomic_dir leaves
+    assert load_model(model).config.n_layer == 4 and model.is_dir() and not old.exists()
+
+
+# ----------------------------------------------------------------------------- --overwrite deletes only runs
+def untimed(run_dir):
+    return [{k: v for k, v in r.items() if k not in ("wall", "seconds")} for r in read_metrics(run_dir)]
+
+
+def users_folder(path: Path) -> dict:
+    path.mkdir(parents=True)
+    (path / "thesis.tex").write_text("years of work")
+    (path / "data").mkdir()
+    (path / "data" / "a.csv").write_text("1,2\n")
+    return snapshot(path)
+
+
+def snapshot(path: Path) -> dict:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def fake_run(path: Path, **extra_files: str) -> Path:
+    path.mkdir(parents=True)
+    (path / "provenance.json").write_text(json.dumps({"config": {}, "seed": 0, "git_commit": "x"}))
+    (path / "metrics.jsonl").write_text("{}\n")
+    for name, text in extra_files.items():
+        (path / name).write_text(text)
+    return path
+
+
+def test_overwrite_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
+    mine = tmp_path / "work"
+    before = users_folder(mine)
+    assert main(["train", SMOKE, "--out", str(mine), "--overwrite"]) == 2
+    line = one_error(capsys)
+    assert "--overwrite refuses" in line and str(mine) in line and "not a run directory" in line
+    assert snapshot(mine) == before
+    # A run directory with a file of the user's in it: not classified, so not deleted.
+    run = fake_run(tmp_path / "run", **{"notes.txt": "mine"})
+    with pytest.raises(OverwriteRefused, match="notes.txt, which a run directory never writes"):
+        check_overwrite(run, RUN)
+    # provenance.json that is not ours
+    (run / "notes.txt").unlink()
+    (run / "provenance.json").write_text('{"author": "me"}')
+    with pytest.raises(OverwriteRefused, match="provenance.json lacks"):
+        check_overwrite(run, RUN)
+
+
+def test_overwrite_refuses_a_tree_with_a_git_checkout_below(tmp_path):
+    run = fake_run(tmp_path / "run")
+    nested = run / "checkpoints" / "clone"
+    nested.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(nested)], check=True)
+    with pytest.raises(OverwriteRefused, match="a git checkout"):
+        check_overwrite(run, RUN)
+    assert (nested / ".git").is_dir()
+
+
+def test_overwrite_fails_closed_when_git_cannot_answer(tmp_path, monkeypatch, capsys):
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / ".git").write_text("gitdir: /nonexistent/worktree\n")  # git refuses to read this repository
+    run = fake_run(checkout / "runs" / "gpt2_smoke" / "baseline-seed0")
+    before = snapshot(run)
+    with pytest.raises(OverwriteRefused, match="git could not say"):
+        check_overwrite(run, RUN)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-git-here"))  # git not installed at all
+    with pytest.raises(OverwriteRefused, match="git could not be asked"):
+        check_overwrite(run, RUN)
+    monkeypatch.undo()
+    assert main(["train", SMOKE, "--out", str(run), "--overwrite"]) == 2
+    assert "git could not say" in one_error(capsys)
+    assert snapshot(run) == before
+
+
+def test_overwrite_spares_tracked_files_of_a_marked_run(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    run = fake_run(tmp_path / "results" / "x" / "baseline-seed0")
+    subprocess.run(["git", "-C", str(tmp_path), "add", "."], check=True)
+    with pytest.raises(OverwriteRefused, match="2 file\\(s\\) git tracks"):
+        check_overwrite(run, RUN)
+    subprocess.run(["git", "-C", str(tmp_path), "rm", "-q", "--cached", "-r", "results"], check=True)
+    check_overwrite(run, RUN)  # a run of ours, nothing tracked: may go
+
+
+def test_overwrite_of_a_real_run_starts_it_over(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", SMOKE, "--set", "train.steps=2", "--set", "vcycle=null", "--out", str(out)]
+    assert main(argv) == 0
+    rows = untimed(out)
+    (out / "metrics.jsonl").write_text("")
+    assert main([*argv, "--overwrite"]) == 0
+    assert untimed(out) == rows and len(rows) > 2
+
+
+def test_resume_continues_only_a_run(tmp_path, capsys):
+    mine = tmp_path / "work"
+    before = users_folder(mine)
+    assert main(["train", SMOKE, "--out", str(mine), "--resume"]) == 2
+    line = one_error(capsys)
+    assert "--resume refuses" in line and "not a run directory" in line
+    assert snapshot(mine) == before
+    assert main(["train", SMOKE, "--out", str(tmp_path / "new"), "--resume", "--overwrite"]) == 2
+    assert "give one of them" in one_error(capsys)
+    started = tmp_path / "started"  # killed before its provenance was written: still a run
+    (started / "checkpoints").mkdir(parents=True)
+    (started / ".lock").write_text("")
+    check_is_run(started)
+
+
+@pytest.mark.parametrize("command", ["map", "new", "similarity"])
+def test_model_and_report_outputs_are_replaced_only_when_ours(tmp_path, capsys, command):
+    src = tmp_path / "src"  # fits gpt2_smoke's data (the similarity probe)
+    assert main(["new", "gpt2", "--out", str(src), "--layers", "2", "--heads", "2", "--hidden", "16",
+                 "--set", "vocab_size=512", "--set", "n_positions=32"]) == 0
+    mine = tmp_path / "work"
+    before = users_folder(mine)
+    argv = {"map": ["map", "coalesce", "--src", str(src), "--halving"],
+            "new": ["new", "gpt2", "--layers", "1", "--heads", "2", "--hidden", "8", "--set", "vocab_size=50"],
+            "similarity": ["similarity", "--model", str(src), "--data", SMOKE, "--examples", "2"]}[command]
+    assert main([*argv, "--out", str(mine), "--overwrite"]) == 2
+    assert "--overwrite refuses" in one_error(capsys)
+    assert snapshot(mine) == before
+    out = tmp_path / "ours"
+    assert main([*argv, "--out", str(out)]) == 0
+    assert main([*argv, "--out", str(out)]) == 2
+    assert "already exists" in one_error(capsys)
+    assert main([*argv, "--out", str(out), "--overwrite"]) == 0
+
+
+def test_model_kind_classifies_saved_models(tmp_path):
+    check_overwrite(save_model(FACTORIES["gpt2"](), tmp_path / "m"), MODEL)
+    check_overwrite(save_model(FACTORIES["vit"](), tmp_path / "v"), MODEL)
+    check_overwrite(tmp_path / "absent", MODEL)  # nothing there: nothing to delete
