@@ -115,6 +115,30 @@ def tuning_loss(run: str | Path) -> float:
     return float(result["tune_loss"])
 
 
+def _tuning_key(row) -> tuple:
+    return str(row.experiment), int(row.seed), float(row.lr), int(row.warmup)
+
+
+def _tuning_content(frame: pd.DataFrame) -> list:
+    return sorted((_tuning_key(r), float(r.tune_loss), bool(r.chosen)) for r in frame.itertuples())
+
+
+def merge_tuning_rows(previous: pd.DataFrame, table: pd.DataFrame, experiment: str, commit: str) -> pd.DataFrame | None:
+    """``previous`` (the committed tuning table) with this study's candidates ``table`` merged in by
+    (experiment, seed, lr, warm-up): a candidate replaces the row of the same configuration, every
+    other row -- other experiments', and candidates of this experiment a narrower grid did not run
+    -- is kept; ``chosen`` marks this study's choice alone. None when nothing would change (the
+    same rows, losses and choice: the file and its commit stay)."""
+    ran = {_tuning_key(r) for r in table.itertuples()}
+    kept = previous[[_tuning_key(r) not in ran for r in previous.itertuples()]].copy()
+    if len(kept):
+        kept.loc[kept.experiment == experiment, "chosen"] = False
+    merged = pd.concat([kept, table.assign(git_commit=commit)], ignore_index=True)
+    if len(previous) and _tuning_content(merged) == _tuning_content(previous):
+        return None
+    return merged
+
+
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -211,20 +235,14 @@ class Study:
         table = pd.DataFrame(rows).assign(chosen=lambda d: (d.lr == lr) & (d.warmup == warmup))
         out = self.root / "tables" / "baseline_tuning.csv"
         previous = pd.read_csv(out) if out.exists() else pd.DataFrame(columns=["experiment"])
-        mine = previous[previous.experiment == self.experiment].drop(columns="git_commit", errors="ignore")
-        # A rerun that changes nothing keeps the file and its commit: the same candidates, losses and
-        # choice (a candidate found later as the experiment's own baseline, the same configuration and
-        # the same loss, does not count as a change).
-        cols = ["seed", "lr", "warmup", "tune_loss", "chosen"]
-        same = len(mine) == len(table) and set(cols) <= set(mine) and \
-            (mine[cols].to_numpy(dtype=float) == table[cols].to_numpy(dtype=float)).all()
-        if not same and not self.dry_run:
-            table = table.assign(git_commit=provenance({}, 0)["git_commit"])
-            table = pd.concat([previous[previous.experiment != self.experiment], table], ignore_index=True)
+        merged = merge_tuning_rows(previous, table, self.experiment, provenance({}, 0)["git_commit"])
+        written = merged is not None and not self.dry_run
+        if written:
             out.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(out, table.to_csv(index=False))
+            atomic_write_text(out, merged.to_csv(index=False))
+        state = "unchanged" if merged is None else "written" if written else "would write"
         print(f"{self.experiment}: baseline tuned over {len(rows)} runs on the tuning split: lr {lr:g}, warm-up "
-              f"{warmup} (tuning loss {min(r['tune_loss'] for r in rows):.4f}); {out}")
+              f"{warmup} (tuning loss {min(r['tune_loss'] for r in rows):.4f}); {out} ({state})")
         self.baseline = (lr, warmup)
         return self.baseline
 

@@ -264,6 +264,13 @@ def test_js_divergence_is_pinned_to_known_values_in_nats():
     q = torch.tensor([[[[0.5, 0.5]]]])
     by_hand = 0.5 * (np.log(4 / 3) + 0.5 * np.log(2 / 3) + 0.5 * np.log(2))
     assert js_divergence(p, q) == pytest.approx(by_hand, abs=1e-6)
+    # Masked query rows (padding) are left out of the mean, not averaged in as zeros: rows 0 and 2
+    # agree (JS 0), rows 1 and 3 have disjoint supports (JS ln 2).
+    mixed = torch.where(torch.tensor([True, False, True, False]).reshape(1, 1, 4, 1), eye, shifted)
+    rows = lambda *keep: torch.tensor([i in keep for i in range(4)]).reshape(1, 1, 4)  # noqa: E731
+    assert js_divergence(eye, mixed, rows(1, 3)) == pytest.approx(np.log(2), abs=1e-6)
+    assert js_divergence(eye, mixed, rows(0, 2)) == pytest.approx(0.0, abs=1e-9)
+    assert js_divergence(eye, mixed, rows(0, 1, 3)) == pytest.approx(2 * np.log(2) / 3, abs=1e-6)
 
 
 @pytest.mark.parametrize("family", sorted(FACTORIES))

@@ -177,9 +177,11 @@ def test_identity_blocks_start_with_zero_moments_copy_blocks_with_copies():
     train_steps(model, opt, example_input(model))
     grown, new_opt = grow_depth(model, opt, where="alternate")
     for i, block in enumerate(grown.model.layers):
-        m = new_opt.state[block.mlp.up_proj.weight]["exp_avg"]
-        source = opt.state[model.model.layers[i // 2].mlp.up_proj.weight]["exp_avg"]
-        assert torch.equal(m, torch.zeros_like(m) if i % 2 else source)
+        for key in ("exp_avg", "exp_avg_sq"):  # both moments: a copied second moment would damp the new block
+            m = new_opt.state[block.mlp.up_proj.weight][key]
+            source = opt.state[model.model.layers[i // 2].mlp.up_proj.weight][key]
+            assert source.abs().sum() > 0
+            assert torch.equal(m, torch.zeros_like(m) if i % 2 else source), (i, key)
     with pytest.warns(NotLossPreservingWarning):
         grown, new_opt = grow_depth(model, opt, where="append", init="copy")
     assert torch.equal(new_opt.state[grown.model.layers[5].mlp.up_proj.weight]["exp_avg"],

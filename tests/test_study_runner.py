@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import CONFIGS
-from mlresearch.study_runner import StudyError, Study, load_study, run_study, tuning_loss
+from mlresearch.study_runner import StudyError, Study, load_study, merge_tuning_rows, run_study, tuning_loss
 
 
 def _spec(tmp_path, **changes):
@@ -70,7 +70,11 @@ def test_study_tunes_on_the_tuning_split_runs_every_seed_and_resumes(tmp_path, c
     assert summary["final_tune"]["tune_loss"] == pytest.approx(best.tune_loss)
     assert set(table.alpha) == {"0.25", "1.0"} and len(table) == 2
     out = capsys.readouterr().out
-    assert "-> paper" in out or "-> a1" in out  # the best V-cycle by tuning loss, named
+    # The best V-cycle is the one with the *lowest* tuning loss, named.
+    losses = {name: tuning_loss(runs / "gpt2_smoke" / run) for name, run in
+              (("paper", "vcycle-L2-halving-a0.25-reset-seed0"), ("a1", "vcycle-L2-halving-a1.0-reset-seed0"))}
+    assert losses["paper"] != losses["a1"]
+    assert f"-> {min(losses, key=losses.get)}" in out, (losses, out)
     assert "CPU-hours recorded" in out
     adopted = json.loads((runs / "gpt2_smoke" / "baseline-seed0" / "provenance.json").read_text())["copied_from"]
     assert adopted == str(runs / best.run)  # the chosen tuning run is seed 0's baseline, not trained twice
@@ -115,3 +119,34 @@ def test_a_dry_run_lists_the_warmup_grid_at_the_preset_lr_while_lrs_are_untried(
     assert Study(path, dry_run=True).tune() == (0.003, 2)
     listed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
     assert len(listed) == 2 and "lr0.01-wu2" in listed[0] and "lr0.003-wu1" in listed[1], listed
+
+
+def test_a_narrower_tuning_grid_merges_into_the_committed_table_by_key():
+    def rows(*items):
+        return pd.DataFrame([dict(zip(("experiment", "seed", "lr", "warmup", "tune_loss", "chosen", "run"), r))
+                             for r in items])
+
+    committed = rows(("other", 0, 0.001, 100, 4.0, True, "o"), ("x", 0, 0.002, 300, 3.5, True, "a"),
+                     ("x", 0, 0.004, 300, 3.6, False, "b")).assign(git_commit="c0")
+    # The same candidates, losses and choice: nothing changes (the file and its commit stay).
+    assert merge_tuning_rows(committed, committed.drop(columns="git_commit").iloc[1:], "x", "c1") is None
+    # A spec with one candidate: the rows it did not run are kept (not chosen any more), its own row replaces its key.
+    merged = merge_tuning_rows(committed, rows(("x", 0, 0.004, 300, 3.4, True, "b2")), "x", "c1")
+    assert len(merged) == 3 and set(merged.run) == {"o", "a", "b2"}
+    got = {r.run: (bool(r.chosen), r.git_commit) for r in merged.itertuples()}
+    assert got == {"o": (True, "c0"), "a": (False, "c0"), "b2": (True, "c1")}
+    # A new candidate of the same experiment is added, not swapped for the old rows.
+    merged = merge_tuning_rows(committed, rows(("x", 0, 0.008, 300, 3.9, False, "c"), ("x", 0, 0.002, 300, 3.5, True, "a")),
+                               "x", "c1")
+    assert sorted(merged.run) == ["a", "b", "c", "o"] and merged.chosen.sum() == 2
+
+
+def test_a_dry_run_says_it_would_write_the_tuning_table(tmp_path, capsys):
+    path = _spec(tmp_path, tuning={"seed": 0, "lr": [0.003], "warmup": [1]})
+    study = Study(path)
+    study.tune()
+    table = tmp_path / "runs" / "tables" / "baseline_tuning.csv"
+    assert "(written)" in capsys.readouterr().out and table.exists()
+    table.unlink()
+    Study(path, dry_run=True).tune()
+    assert "(would write)" in capsys.readouterr().out and not table.exists()
