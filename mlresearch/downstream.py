@@ -26,7 +26,6 @@ from .checkpoint import load_model
 from .data import corpora
 from .data.datasets import DataError, text_split
 from .results import provenance, write_json
-from .tasks import task_of
 from .training.config import load_config
 from .training.models import data_settings
 
@@ -66,13 +65,9 @@ def finished_run(run: Path):
             raise FileNotFoundError(f"{run} is not a finished run: {p.name} is missing")
     summary = json.loads(summary_path.read_text())
     cfg = load_config(run / "config.yaml")
-    data_cfg = data_settings(cfg)
-    source = summary.get("data", {}).get("source", "")
-    if task_of(cfg.task).sequences and source and not source.startswith("local:"):
-        # The corpora the run actually used (its summary), not the config's list, which may name
-        # an optional corpus that was absent when it ran.
-        data_cfg["corpus"] = [n for n in source.split("+") if not n.startswith("first")]
-    return cfg, data_cfg, summary, model_dir
+    # The config names the corpora the run trained on: an absent corpus is an error, never skipped
+    # (runs recorded before that were corrected; see their provenance.json "corrected").
+    return cfg, data_settings(cfg), summary, model_dir
 
 
 def zero_shot_perplexity(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> dict:

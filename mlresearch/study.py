@@ -9,13 +9,14 @@ shown beside our measurements and labelled as such.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
 from .tasks import task_of
-from .training.compare import compare_runs, reach
+from .training.compare import NonFiniteLoss, compare_runs, reach
 from .training.config import load_config
 from .training.engine import read_metrics
 from .training.methods import describe_run, planned_ledger
@@ -110,7 +111,12 @@ def collect(results: str | Path = "results") -> pd.DataFrame:
                "method_full_val_loss": summary["final_full_val"]["val_loss"],
                "method_test": next(iter(summary["final_test"].values())),
                "method_downstream": _downstream(run, config["task"])}
-        c = compare_runs(base, run)
+        try:
+            c = compare_runs(base, run)
+        except NonFiniteLoss as exc:  # a marked cell, not a blank that reads as a number
+            warnings.warn(f"table: {exc}", stacklevel=2)
+            rows.append({**row, "nonfinite_loss": 1, "reached": False})
+            continue
         b = json.loads((base / "summary.json").read_text())
         row.update({"baseline_full_val_loss": b["final_full_val"]["val_loss"],
                     "baseline_test": next(iter(b["final_test"].values())),
@@ -143,7 +149,9 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
     keys = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget"]
     df = df.copy()
     floats = ["method_downstream", "baseline_downstream", "acc_flops_saving_pct", "modelled_wall_saving_pct",
-              "flops_saving_at_final_pct", "method_tokens", "baseline_tokens", "method_total_tokens"]
+              "flops_saving_at_final_pct", "method_tokens", "baseline_tokens", "method_total_tokens",
+              "final_val_loss_gap", "nonfinite_loss", "baseline_flops", "baseline_total_flops", "flops_saving_pct",
+              "method_flops", "method_total_flops", "wall_saving_pct"]  # a run with a NaN loss has none of these
     for c in (*floats, "reached_acc"):  # columns only some experiments or runs have
         if c not in df:
             df[c] = None
@@ -162,7 +170,7 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
                 baseline_flops=("baseline_flops", "mean"), method_flops_to_target=("method_flops", "mean"),
                 method_total_flops=("method_total_flops", "mean"),
                 baseline_tokens_to_target=("baseline_tokens", "mean"), method_tokens_to_target=("method_tokens", "mean"),
-                method_total_tokens=("method_total_tokens", "mean"))
+                method_total_tokens=("method_total_tokens", "mean"), nonfinite_seeds=("nonfinite_loss", "sum"))
     out["method_flops_over_baseline"] = out["method_total_flops"] / g["baseline_total_flops"].mean()
     return out.reset_index()
 
@@ -183,8 +191,10 @@ def markdown(table: pd.DataFrame) -> str:
                                       ("" if pd.isna(sd) else f" ± {sd:.1f}")
                                       for m, sd in zip(table["flops_saving_at_final_pct"], table["flops_saving_at_final_std"])]
     t["method_flops_over_baseline"] = t["method_flops_over_baseline"].map(lambda x: f"{x:.2f}")
-    t["final_val_loss_gap"] = [f"{m:+.3f}" + ("" if pd.isna(sd) else f" ± {sd:.3f}")
-                               for m, sd in zip(table["final_val_loss_gap"], table["final_val_loss_gap_std"])]
+    t["final_val_loss_gap"] = [("-" if pd.isna(m) else f"{m:+.3f}" + ("" if pd.isna(sd) else f" ± {sd:.3f}")) +
+                               (f" (NaN/inf loss: {int(n)} seed{'s' * (n > 1)} left out)" if n else "")
+                               for m, sd, n in zip(table["final_val_loss_gap"], table["final_val_loss_gap_std"],
+                                                   table.get("nonfinite_seeds", pd.Series(0, index=table.index)))]
     t["tokens"] = [_to_target_cell(m, r, s, total, _count) + " / " + _count(b) for m, r, s, total, b in zip(
         table["method_tokens_to_target"], table["reached"], table["seeds"], table["method_total_tokens"],
         table["baseline_tokens_to_target"])]

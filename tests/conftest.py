@@ -36,11 +36,18 @@ def smoke(name, *overrides):
     return load_config(CONFIGS / f"{name}_smoke.yaml", list(overrides))
 
 
-def write_run(path, rows, kind, experiment="fixture", seed=0):
-    """A finished run directory with the given metrics rows (for compare/table tests)."""
+def write_run(path, rows, kind, experiment="fixture", seed=0, data=None):
+    """A finished run directory with the given metrics rows (for compare/table tests); its config's
+    data section is ``data`` (default: the gpt2 smoke preset's)."""
     import json
+
+    import yaml
 
     path.mkdir(parents=True)
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (path / "summary.json").write_text(json.dumps({"kind": kind, "experiment": experiment, "seed": seed}))
+    config = yaml.safe_load((CONFIGS / "gpt2_smoke.yaml").read_text())
+    config.update(experiment=experiment, seed=seed)
+    config["data"].update(data or {})
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
     return path

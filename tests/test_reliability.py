@@ -262,3 +262,97 @@ def test_model_kind_classifies_saved_models(tmp_path):
     check_overwrite(save_model(FACTORIES["gpt2"](), tmp_path / "m"), MODEL)
     check_overwrite(save_model(FACTORIES["vit"](), tmp_path / "v"), MODEL)
     check_overwrite(tmp_path / "absent", MODEL)  # nothing there: nothing to delete
+
+
+# ----------------------------------------------------------------------------- no comparison of unlike runs
+def with_finals(*runs):
+    """What collect reads of a finished run's summary beside its metrics."""
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        summary.update(final_full_val={"val_loss": 2.0}, final_test={"test_loss": 2.0})
+        (run / "summary.json").write_text(json.dumps(summary))
+    return runs
+
+
+ROWS = [{"phase": "baseline", "step": 1, "val_loss": 3.0, "flops": 1.0, "wall": 1.0},
+        {"phase": "baseline", "step": 2, "val_loss": 2.0, "flops": 2.0, "wall": 2.0}]
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda c, s: c["data"].update(vocab_size=256), "data.vocab_size (512 vs 256)"),
+    (lambda c, s: c["data"].update(corpus=["bbc"]), "data.corpus"),
+    (lambda c, s: c["model"].update(family="llama"), "model.family"),
+    (lambda c, s: c["model"]["options"].update(resid_pdrop=0.1), "model.options.resid_pdrop"),
+    (lambda c, s: c.update(task="masked_lm"), "task"),
+    (lambda c, s: c["data"].update(val_fraction=0.2), "data.val_fraction"),
+    (lambda c, s: s.update(data={"source": "bible", "documents": 10}), "data as trained"),
+])
+def test_compare_refuses_runs_that_measure_different_things(tmp_path, capsys, change, named):
+    import yaml
+
+    from mlresearch.study import collect
+    from mlresearch.training.compare import CompareError, compare_runs
+    from conftest import write_run
+
+    base = write_run(tmp_path / "x" / "baseline-seed0", ROWS, kind="baseline")
+    method = write_run(tmp_path / "x" / "vcycle-seed0", [dict(r, phase="up1") for r in ROWS], kind="vcycle")
+    with_finals(base, method)
+    compare_runs(base, method)  # alike: compared
+    config, summary = yaml.safe_load((method / "config.yaml").read_text()), json.loads((method / "summary.json").read_text())
+    if named == "data.val_fraction":
+        config["data"].pop("val_fraction", None)  # written before the key existed: it had its default ...
+        (method / "config.yaml").write_text(yaml.safe_dump(config))
+        compare_runs(base, method)
+    change(config, summary)
+    (method / "config.yaml").write_text(yaml.safe_dump(config))
+    (method / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(CompareError, match="measure different things: they differ in " + named.replace("(", r"\(")
+                       .replace(")", r"\)")):
+        compare_runs(base, method)
+    assert main(["compare", str(base), str(method)]) == 2
+    assert named.split(" ")[0] in one_error(capsys)
+    with pytest.raises(CompareError, match="measure different things"):
+        collect(tmp_path)  # the tables read pairs through the same check
+
+
+def test_non_finite_losses_are_an_error_in_compare_and_a_marked_cell_in_tables(tmp_path, capsys):
+    from conftest import write_run
+
+    from mlresearch.study import collect, markdown, variants
+    from mlresearch.training.compare import NonFiniteLoss, compare_runs
+
+    base = write_run(tmp_path / "x" / "baseline-seed0", ROWS, kind="baseline")
+    method = write_run(tmp_path / "x" / "vcycle-seed0", [dict(ROWS[0], phase="up1"),
+                                                         dict(ROWS[1], phase="up1", val_loss=float("nan"))],
+                       kind="vcycle")
+    with pytest.raises(NonFiniteLoss, match="validation loss nan at up1 step 2"):
+        compare_runs(base, method)
+    assert main(["compare", str(base), str(method)]) == 2 and "nan" in one_error(capsys)
+    with_finals(base, method)
+    with pytest.warns(UserWarning, match="validation loss nan"):
+        runs = collect(tmp_path)
+    assert len(runs) == 1 and not runs.reached.iloc[0]
+    assert "NaN/inf loss: 1 seed left out" in markdown(variants(runs))
+
+
+def test_committed_runs_record_the_corpora_they_trained_on():
+    import yaml
+
+    checked = 0
+    for summary in sorted((REPO / "results").glob("*/*/summary.json")):
+        data = json.loads(summary.read_text()).get("data") or {}
+        config = summary.parent / "config.yaml"
+        source = data.get("source", "")
+        if not config.exists() or "documents" not in data or source.startswith("local:"):
+            continue  # image sets, paper-scale local data
+        corpus = yaml.safe_load(config.read_text())["data"]["corpus"]
+        assert "+".join(corpus) == source.split("+first")[0], summary.parent
+        checked += 1
+    assert checked > 100
+
+
+def test_a_run_records_the_data_it_loaded(tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", SMOKE, "--set", "train.steps=2", "--set", "vcycle=null", "--out", str(out)]) == 0
+    recorded = json.loads((out / "provenance.json").read_text())["data"]
+    assert recorded == json.loads((out / "summary.json").read_text())["data"] and recorded["source"] == "bible+first60"

@@ -24,9 +24,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dataclasses
+import math
+
 from ..checkpoint import read_structured
 from ..errors import MLResearchError
+from .config import SECTIONS, flatten_config
 from .engine import read_metrics
+
+# What a loss means: the data (corpus, vocabulary, splits, masking), the task, the model's family and
+# shape, the experiment and seed. Everything else -- method sections, budgets, LR schedules, threads
+# -- may differ between a method's run and its baseline; these may not.
+MEASURED = ("experiment", "seed", "task", "data", "model")
+NOT_MEASURED = {"data.num_proc", "data.prepared_dir"}  # where and how fast data is read
 
 
 def _evals(rows, phase: str | None = None):
@@ -59,6 +69,41 @@ class CompareError(MLResearchError, ValueError):
     """The two runs cannot be compared (unfinished, swapped, another experiment or seed)."""
 
 
+class NonFiniteLoss(CompareError):
+    """A run's metrics hold a NaN or infinite validation loss: no saving can be read from it."""
+
+
+def measured_settings(run: Path) -> dict:
+    """The run's settings that define what its losses measure (:data:`MEASURED`), from its
+    ``config.yaml``; a data or model key the stored config lacks (written before the key existed)
+    has its default."""
+    config = read_structured(run / "config.yaml", "run config", CompareError, fmt="yaml")
+    if not isinstance(config, dict):
+        raise CompareError(f"{run / 'config.yaml'} is not a run config")
+    flat = {k: v for k, v in flatten_config(config) if k.split(".")[0] in MEASURED and k not in NOT_MEASURED}
+    for section in ("data", "model"):
+        for f in dataclasses.fields(SECTIONS[section]):
+            key = f"{section}.{f.name}"
+            if key not in flat and key not in NOT_MEASURED and f.default is not dataclasses.MISSING:
+                flat[key] = list(f.default) if isinstance(f.default, tuple) else f.default
+    return flat
+
+
+def first_difference(a: dict, b: dict) -> str | None:
+    """The first key (sorted) whose value differs between two flat mappings, with both values."""
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            return f"{key} ({a.get(key)!r} vs {b.get(key)!r})"
+    return None
+
+
+def check_finite(rows, run) -> None:
+    for r in _evals(rows):
+        if not math.isfinite(float(r["val_loss"])):
+            raise NonFiniteLoss(f"{run}: validation loss {r['val_loss']} at {r.get('phase')} step {r.get('step')} "
+                                "(metrics.jsonl): no saving is read from a run that diverged")
+
+
 def _finished(run: Path, role: str) -> dict:
     path = run / "summary.json"
     if not path.is_file():
@@ -82,12 +127,20 @@ def check_comparable(baseline_dir: str | Path, vcycle_dir: str | Path) -> str:
         if base.get(key) != other.get(key):
             raise CompareError(f"the runs differ in {key} ({base.get(key)!r} vs {other.get(key)!r}): a saving is "
                                "measured against the baseline of the same experiment and seed")
+    differs = first_difference(measured_settings(Path(baseline_dir)), measured_settings(Path(vcycle_dir))) or \
+        first_difference({f"data as trained: {k}": v for k, v in (base.get("data") or {}).items()},
+                         {f"data as trained: {k}": v for k, v in (other.get("data") or {}).items()})
+    if differs:
+        raise CompareError(f"{baseline_dir} and {vcycle_dir} measure different things: they differ in {differs}; a "
+                           "saving is read only against a baseline of the same data, task and model")
     return other.get("kind") or "vcycle"  # the compared run's method
 
 
 def compare_runs(baseline_dir: str | Path, vcycle_dir: str | Path) -> dict:
     method = check_comparable(baseline_dir, vcycle_dir)
     base, vc = read_metrics(baseline_dir), read_metrics(vcycle_dir)
+    check_finite(base, baseline_dir)
+    check_finite(vc, vcycle_dir)
     base_evals = _evals(base)
     if not base_evals:
         raise ValueError(f"{baseline_dir} has no validation rows")

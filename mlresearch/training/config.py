@@ -151,6 +151,15 @@ SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "vcy
 METHOD_SECTIONS = ("vcycle", "staged", "stack")  # sections only some methods read
 
 
+def flatten_config(d: dict | None, prefix: str = ""):
+    """``(dotted key, value)`` for every leaf of a config mapping (tuples as lists, as YAML stores them)."""
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            yield from flatten_config(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", list(v) if isinstance(v, tuple) else v
+
+
 def default_value(dotted: str) -> Any:
     """The default of a ``section.key`` setting (``dataclasses.MISSING`` for required ones)."""
     section, _, key = dotted.partition(".")

@@ -25,7 +25,7 @@ from ..faults import fault_point
 from ..overwrite import RUN, check_is_run, check_overwrite
 from ..data.datasets import load_data
 from ..results import provenance, write_json
-from .config import METHOD_SECTIONS, ConfigError, RunConfig, default_value
+from .config import METHOD_SECTIONS, ConfigError, RunConfig, default_value, flatten_config
 from .engine import (Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, set_rng_state,
                      train_phase)
 from .methods import RUN_NAMES, build_plan, check_plan, execute
@@ -65,15 +65,7 @@ def config_differences(out: Path, cfg: RunConfig, kind: str = "vcycle") -> list[
     if not path.exists():
         return []
     stored = yaml.safe_load(path.read_text()) or {}
-
-    def flat(d, prefix=""):
-        for k, v in (d or {}).items():
-            if isinstance(v, dict):
-                yield from flat(v, f"{prefix}{k}.")
-            else:
-                yield f"{prefix}{k}", list(v) if isinstance(v, tuple) else v
-
-    old, new = dict(flat(stored)), dict(flat(cfg.to_dict()))
+    old, new = dict(flatten_config(stored)), dict(flatten_config(cfg.to_dict()))
     for k in new.keys() - old.keys():  # a setting added after the run was written: it had its default
         default = default_value(k)
         old[k] = list(default) if isinstance(default, tuple) else default
@@ -145,7 +137,7 @@ class Run:
         if main:
             self.ckpt.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-            record = provenance(cfg.to_dict(), cfg.seed)
+            record = {**provenance(cfg.to_dict(), cfg.seed), "data": self.data.info}  # what it trains on, as loaded
             previous = self.out / "provenance.json"
             if resume and previous.exists():  # keep who started the run; note every resumption
                 started = json.loads(previous.read_text())
