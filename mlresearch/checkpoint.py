@@ -225,17 +225,55 @@ def _load_legacy_state(path: Path) -> dict:
                               "it is refused rather than unpickled") from exc
 
 
+class DuplicateKey(ValueError):
+    """A mapping that names one key twice: YAML and JSON parsers silently keep the last."""
+
+
+def _unique(pairs) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(f"the key {key!r} appears twice")
+        out[key] = value
+    return out
+
+
+def parse_yaml(text: str):
+    """``yaml.safe_load`` (plain data, no tags that build objects), refusing a key given twice in a mapping."""
+    import yaml
+
+    class Strict(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node):
+        loader.flatten_mapping(node)
+        pairs = [(loader.construct_object(k, deep=True), loader.construct_object(v, deep=True)) for k, v in node.value]
+        try:
+            return _unique(pairs)
+        except DuplicateKey as exc:
+            raise yaml.constructor.ConstructorError(None, None, str(exc), node.start_mark) from None
+
+    Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=Strict)  # noqa: S506 -- a SafeLoader subclass
+
+
+def parse_json(text: str):
+    """``json.loads`` refusing a key given twice in an object."""
+    return json.loads(text, object_pairs_hook=_unique)
+
+
 def read_structured(path: str | os.PathLike, what: str, error: type[Exception], fmt: str = "json"):
-    """Parse a JSON or YAML file, raising ``error`` that names the file when it is missing or malformed."""
+    """Parse a JSON or YAML file, raising ``error`` that names the file when it is missing or
+    malformed, or names a key twice (which a plain parser would silently resolve to the last)."""
     import yaml
 
     path = Path(path)
     if not path.is_file():
         raise error(f"{what} {path} does not exist")
     try:
-        return json.loads(path.read_text()) if fmt == "json" else yaml.safe_load(path.read_text())
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise error(f"{what} {path} is not valid {fmt.upper()}: {exc}") from exc
+        return parse_json(path.read_text()) if fmt == "json" else parse_yaml(path.read_text())
+    except (json.JSONDecodeError, yaml.YAMLError, DuplicateKey) as exc:
+        raise error(f"{what} {path} is not valid {fmt.upper()}: {' '.join(str(exc).split())}") from exc
 
 
 def save_model(model: nn.Module, path: str | os.PathLike, overwrite: bool = False) -> Path:

@@ -139,8 +139,12 @@ def _parse_setting(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    from .checkpoint import DuplicateKey, parse_json
+
     try:
-        return key, json.loads(value)
+        return key, parse_json(value)
+    except DuplicateKey as exc:
+        raise argparse.ArgumentTypeError(f"--set {text!r}: {exc}") from None
     except json.JSONDecodeError:
         return key, value
 
@@ -151,11 +155,15 @@ def _cmd_new(args: argparse.Namespace) -> int:
     from .checkpoint import save_model
     from .families import FAMILIES, Sizes
 
+    from .training.config import ModelConfig, validate_model
+
+    options = dict(args.set)
+    validate_model(ModelConfig(args.family, args.layers, args.heads, args.hidden, args.ffn, args.kv_heads, options))
     _check_model_out(args)
     torch.manual_seed(args.seed)
     sizes = Sizes(layers=args.layers, heads=args.heads, kv_heads=args.kv_heads or args.heads, hidden=args.hidden,
                   ffn=args.ffn or 4 * args.hidden, head_dim=args.hidden // args.heads)
-    model = FAMILIES[args.family].new(sizes, **dict(args.set))
+    model = FAMILIES[args.family].new(sizes, **options)
     save_model(model, args.out, overwrite=args.overwrite)
     n = sum(p.numel() for p in model.parameters())
     print(f"new {args.family} ({type(model).__name__}, {n / 1e6:.2f} M params) -> {args.out}")

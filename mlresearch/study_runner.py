@@ -29,9 +29,8 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
-from .checkpoint import atomic_write_text
+from .checkpoint import atomic_write_text, read_structured
 from .errors import MLResearchError
 from .results import REPO, provenance
 from .training.config import load_config
@@ -50,10 +49,8 @@ def load_study(path: str | Path) -> dict:
     tuned and among which variants the best is chosen. Checked whole before any run starts."""
     from .training.methods import METHODS
 
+    spec = read_structured(path, "study spec", StudyError, fmt="yaml") or {}
     path = Path(path)
-    if not path.is_file():
-        raise StudyError(f"study spec {path} does not exist")
-    spec = yaml.safe_load(path.read_text()) or {}
 
     def bad(what: str):
         return StudyError(f"study spec {path}: {what}")

@@ -356,3 +356,72 @@ def test_a_run_records_the_data_it_loaded(tmp_path):
     assert main(["train", SMOKE, "--set", "train.steps=2", "--set", "vcycle=null", "--out", str(out)]) == 0
     recorded = json.loads((out / "provenance.json").read_text())["data"]
     assert recorded == json.loads((out / "summary.json").read_text())["data"] and recorded["source"] == "bible+first60"
+
+
+# ----------------------------------------------------------------------------- validation before any write
+def test_a_key_given_twice_is_refused_in_every_file_we_read(tmp_path, capsys):
+    from mlresearch.checkpoint import parse_json, parse_yaml
+    from mlresearch.operators import Scheme
+    from mlresearch.operators.scheme import SchemeError
+    from mlresearch.study_runner import StudyError, load_study
+    from mlresearch.training.config import ConfigError, load_config
+
+    assert parse_yaml("a: 1\nb: {c: 2}\n") == {"a": 1, "b": {"c": 2}} and parse_json('{"a": [1]}') == {"a": [1]}
+    config = tmp_path / "twice.yaml"
+    config.write_text(Path(SMOKE).read_text() + "seed: 3\n")  # the preset already says seed: 0
+    with pytest.raises(ConfigError, match="'seed' appears twice"):
+        load_config(config)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text(Path(SMOKE).read_text().replace("steps: 12,", "steps: 12, steps: 5,"))
+    with pytest.raises(ConfigError, match="'steps' appears twice"):
+        load_config(nested)
+    with pytest.raises(ConfigError, match="'a' appears twice"):
+        load_config(SMOKE, ["model.options={a: 1, a: 2}"])
+    spec = tmp_path / "study.yaml"
+    spec.write_text(f"config: {SMOKE}\nseeds: [0]\nruns: {{}}\nseeds: [1]\n")
+    with pytest.raises(StudyError, match="'seeds' appears twice"):
+        load_study(spec)
+    scheme = tmp_path / "scheme.json"
+    scheme.write_text('{"width_scheme": [[0, 1]], "width_scheme": [[0, 2]]}')
+    with pytest.raises(SchemeError, match="'width_scheme' appears twice"):
+        Scheme.from_json(scheme)
+    out = tmp_path / "run"
+    assert main(["train", str(config), "--out", str(out)]) == 2
+    assert "twice.yaml" in one_error(capsys) and not out.exists()
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("model.options={n_layer: 3}", r"model.options for gpt2: \['n_layer'\] set the model's size"),
+    ("model.options={n_embd: 64}", r"\['n_embd'\] set the model's size"),
+    ("model.options={resid_pdropp: 0.1}", r"GPT2Config has no \['resid_pdropp'\]"),
+    ("model.options={activation_function: nope}", "cannot be built"),
+    ("train.compile=no_such_backend", "torch.compile has no backend 'no_such_backend'"),
+])
+def test_model_options_and_backends_are_checked_before_the_run_directory_exists(tmp_path, capsys, setting, message):
+    import re
+
+    out = tmp_path / "run"
+    assert main(["train", SMOKE, "--set", setting, "--set", "vcycle=null", "--out", str(out)]) == 2
+    assert re.search(message, one_error(capsys)) and not out.exists()
+
+
+def test_vit_options_are_checked_against_timms_constructor(tmp_path, capsys):
+    from mlresearch.training.config import ConfigError, load_config
+
+    deit = str(REPO / "experiments" / "configs" / "deit_smoke.yaml")
+    with pytest.raises(ConfigError, match=r"takes no \['patch_sise'\]"):
+        load_config(deit, ["model.options={patch_sise: 4}"])
+    with pytest.raises(ConfigError, match=r"\['depth'\] set the model's size"):
+        load_config(deit, ["model.options={depth: 3}"])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--layers", "-1", "--heads", "2", "--hidden", "8"], "model.layers must be"),
+    (["--layers", "1", "--heads", "4", "--kv-heads", "3", "--hidden", "16"], "not divisible by model.kv_heads 3"),
+    (["--layers", "1", "--heads", "3", "--hidden", "16"], "not divisible by model.heads 3"),
+    (["--layers", "1", "--heads", "2", "--hidden", "8", "--set", "n_layer=4"], "set the model's size"),
+])
+def test_new_follows_the_same_rules_as_run(tmp_path, capsys, flags, message):
+    out = tmp_path / "m"
+    assert main(["new", "llama" if "--kv-heads" in flags else "gpt2", "--out", str(out), *flags]) == 2
+    assert message in one_error(capsys) and not out.exists()

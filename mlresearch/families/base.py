@@ -98,6 +98,10 @@ class Family:
         """A randomly initialised model of ``sizes``; ``options`` go to its config/constructor."""
         raise NotImplementedError
 
+    def option_problem(self, options: dict) -> str | None:
+        """Why ``options`` cannot go to :meth:`new` (None when they can)."""
+        raise NotImplementedError
+
     def save(self, model: nn.Module, directory) -> None:
         raise NotImplementedError
 
@@ -262,6 +266,18 @@ class HFFamily(Family):
 
     def build(self, recipe: Recipe) -> nn.Module:
         return recipe.cls(recipe.config)
+
+    def option_problem(self, options: dict) -> str | None:
+        """Why ``options`` cannot go to this family's config: a key the config class does not have
+        (HF configs keep any keyword silently), or one the model section owns (its sizes)."""
+        import transformers
+
+        known = set(getattr(transformers, self.config_class)().to_dict()) | {"attn_implementation"}
+        owned = sorted(set(self.config_keys.values()) & set(options))
+        if owned:
+            return f"{owned} set the model's size: use the model section (layers, heads, hidden, ffn, kv_heads)"
+        unknown = sorted(set(options) - known)
+        return f"{self.config_class} has no {unknown}" if unknown else None
 
     def new(self, sizes: Sizes, **options: Any) -> nn.Module:
         import transformers

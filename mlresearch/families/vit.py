@@ -107,6 +107,20 @@ class ViT(Family):
     def build(self, recipe: Recipe) -> nn.Module:
         return recipe.cls(**recipe.config)
 
+    def option_problem(self, options: dict) -> str | None:
+        """Why ``options`` cannot go to timm's VisionTransformer: a keyword it does not take, or one
+        the model section owns (its sizes)."""
+        import inspect
+
+        from timm.models.vision_transformer import VisionTransformer
+
+        owned = sorted({"embed_dim", "depth", "num_heads", "mlp_ratio"} & set(options))
+        if owned:
+            return f"{owned} set the model's size: use the model section (layers, heads, hidden, ffn)"
+        known = set(inspect.signature(VisionTransformer.__init__).parameters) - {"self", "kwargs"}
+        unknown = sorted(set(options) - known)
+        return f"timm VisionTransformer takes no {unknown}" if unknown else None
+
     def new(self, sizes: Sizes, **options) -> nn.Module:
         from timm.models.vision_transformer import VisionTransformer
 

@@ -231,6 +231,12 @@ def parse_config(raw: dict, source: str = "config") -> RunConfig:
     return cfg
 
 
+def _compile_backends() -> set[str]:
+    import torch
+
+    return set(torch.compiler.list_backends(exclude_tags=()))
+
+
 def validate(cfg: RunConfig) -> None:
     from ..families import FAMILIES
 
@@ -244,18 +250,7 @@ def validate(cfg: RunConfig) -> None:
     if FAMILIES[cfg.model.family].task != cfg.task:
         fits = sorted(name for name, f in FAMILIES.items() if f.task == cfg.task)
         raise ConfigError(f"task {cfg.task} trains {fits} models, not {cfg.model.family}")
-    m = cfg.model
-    for name in ("layers", "heads", "hidden"):
-        _positive(getattr(m, name), f"model.{name}")
-    if m.hidden % m.heads:
-        raise ConfigError(f"model.hidden {m.hidden} is not divisible by model.heads {m.heads}")
-    for name in ("ffn", "kv_heads"):
-        if getattr(m, name) is not None:
-            _positive(getattr(m, name), f"model.{name}")
-    if m.kv_heads and m.heads % m.kv_heads:
-        raise ConfigError(f"model.heads {m.heads} is not divisible by model.kv_heads {m.kv_heads}")
-    if not isinstance(m.options, dict):
-        raise ConfigError(f"model.options must be a mapping, got {m.options!r}")
+    validate_model(cfg.model)
     _validate_data(cfg)
     t = cfg.train
     _positive(t.steps, "train.steps")
@@ -272,6 +267,9 @@ def validate(cfg: RunConfig) -> None:
                               f"{t.batch_size} (the global batch is accumulated from whole micro-batches)")
     if not (isinstance(t.compile, bool) or (isinstance(t.compile, str) and t.compile)):
         raise ConfigError(f"train.compile must be true, false or a torch.compile backend name, got {t.compile!r}")
+    if isinstance(t.compile, str) and t.compile not in _compile_backends():
+        raise ConfigError(f"train.compile: torch.compile has no backend {t.compile!r}; it has "
+                          f"{sorted(_compile_backends())} (or true for the default)")
     if t.peak_tflops is not None:
         _number(t.peak_tflops, "train.peak_tflops", 0, low_open=True)
     if t.grad_clip is not None:
@@ -303,6 +301,28 @@ def validate(cfg: RunConfig) -> None:
             raise ConfigError(f"stack.factor must be >= 2 and divide model.layers {cfg.model.layers}, got {st.factor}")
         if not isinstance(st.tag, str) or (st.tag and not re.fullmatch(r"[A-Za-z0-9_.+-]+", st.tag)):
             raise ConfigError(f"stack.tag names a run directory: letters, digits and _ . + - only, got {st.tag!r}")
+
+
+def validate_model(m: ModelConfig) -> None:
+    """The model section alone (``mlresearch new`` checks its flags with it too)."""
+    from ..families import FAMILIES
+
+    if m.family not in FAMILIES:
+        raise ConfigError(f"model.family must be one of {sorted(FAMILIES)}, got {m.family!r}")
+    for name in ("layers", "heads", "hidden"):
+        _positive(getattr(m, name), f"model.{name}")
+    if m.hidden % m.heads:
+        raise ConfigError(f"model.hidden {m.hidden} is not divisible by model.heads {m.heads}")
+    for name in ("ffn", "kv_heads"):
+        if getattr(m, name) is not None:
+            _positive(getattr(m, name), f"model.{name}")
+    if m.kv_heads and m.heads % m.kv_heads:
+        raise ConfigError(f"model.heads {m.heads} is not divisible by model.kv_heads {m.kv_heads}")
+    if not isinstance(m.options, dict):
+        raise ConfigError(f"model.options must be a mapping, got {m.options!r}")
+    problem = FAMILIES[m.family].option_problem(m.options)
+    if problem:
+        raise ConfigError(f"model.options for {m.family}: {problem}")
 
 
 def _validate_data(cfg: RunConfig) -> None:
@@ -449,7 +469,9 @@ def _override(raw: dict, item: str) -> None:
         node = node[p]
         if not isinstance(node, dict):
             raise ConfigError(f"override {item!r}: {p} is not a mapping")
+    from ..checkpoint import parse_yaml
+
     try:
-        node[parts[-1]] = yaml.safe_load(value)
+        node[parts[-1]] = parse_yaml(value)
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {item!r}: the value is not valid YAML ({str(exc).splitlines()[0]})") from None

@@ -46,6 +46,12 @@ def check_model_fits_data(cfg: RunConfig, data) -> None:
         needed = max(int(y.max()) for y in labels) + 1
         if classes < needed:
             raise ConfigError(f"model.options.num_classes {classes} is smaller than the data's {needed} classes")
+    try:  # a bad option value fails here, before the run directory exists, not at the first phase
+        build_model(cfg, data.vocab_size or None, data.special, device="meta")
+    except Exception as exc:  # noqa: BLE001 -- HF and timm raise many types for a bad option value
+        raise ConfigError(f"model section {cfg.model.family} cannot be built: {type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())} "
+                          f"(model.options {cfg.model.options})") from None
 
 
 def build_model(cfg: RunConfig, vocab_size: int | None = 8192, special: dict | None = None,
