@@ -19,6 +19,7 @@ from torch import nn
 from .errors import CheckpointError
 from .faults import fault_point
 from .families import FAMILIES, family_of
+from .overwrite import check_writable_path
 
 WEIGHTS = "model.safetensors"
 
@@ -72,6 +73,7 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Pat
     A kill at any instant leaves either the previous ``path`` or the new one (see :func:`recover`).
     """
     path = Path(path)
+    check_writable_path(path)
     recover(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists (pass overwrite=True / --overwrite to replace it)")

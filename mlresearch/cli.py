@@ -258,6 +258,10 @@ def _cmd_study(args: argparse.Namespace) -> int:
 def _cmd_table(args: argparse.Namespace) -> int:
     from .study import markdown, write_tables
 
+    if not Path(args.results).is_dir():
+        raise FileNotFoundError(errno.ENOENT, "--results names no directory of runs", args.results)
+    if args.readme and not Path(args.readme).is_file():
+        raise FileNotFoundError(errno.ENOENT, "--readme names no file", args.readme)
     table = write_tables(args.results, args.readme)
     print(markdown(table))
     print(f"wrote {args.results}/tables/" + (f" and the Results section of {args.readme}" if args.readme else ""))

@@ -59,6 +59,18 @@ REPORT = DirKind("similarity report", ("provenance.json", "similarity.csv"),
 PROVENANCE_KEYS = {"config", "seed", "git_commit"}  # what results.provenance always writes
 
 
+NAME_MAX = 255 - 40  # a file name's limit, less what a temporary sibling adds (".<name>.tmp-<pid>-<random>")
+
+
+def check_writable_path(path: str | os.PathLike, flag: str = "--out") -> None:
+    """Refuse a path with a component too long to create (with its temporaries) before any parent
+    is made: ``mkdir -p`` would otherwise leave the parents behind when the last name fails."""
+    for part in Path(path).parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise OverwriteRefused(f"{flag} {str(path)[:80]}...: the name {part[:40]}... is {len(os.fsencode(part))} "
+                                   f"bytes, longer than the {NAME_MAX} this project's writes allow; nothing was written")
+
+
 def _started_run(path: Path) -> bool:
     """A run killed before its provenance was written: only the lock and an empty checkpoints folder."""
     names = {p.name for p in path.iterdir()}

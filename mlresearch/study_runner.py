@@ -164,11 +164,26 @@ class Study:
         self.runs: dict = {}
         from .training.methods import build_plan
 
+        seed = self.spec["seeds"][0]
+        outs = {self.home / f"baseline-seed{seed}": "baseline"}
         for name, item in self.spec["runs"].items():  # every run's config and plan, before anything trains
             try:
-                build_plan(load_config(self.config, item.get("set", [])), item["method"])
+                cfg = load_config(self.config, [f"seed={seed}", *item.get("set", [])])
+                build_plan(cfg, item["method"])
             except MLResearchError as e:
                 raise StudyError(f"study spec {path}: run {name!r}: {e}") from None
+            out = self.out(name, item, cfg)
+            if out in outs:  # the second would be skipped as finished, or resume the first
+                raise StudyError(f"study spec {path}: runs {outs[out]!r} and {name!r} would share the directory "
+                                 f"{out.relative_to(self.root)} (they differ only in settings its name does not "
+                                 "show): give one a vcycle.tag / staged.tag / stack.tag")
+            outs[out] = name
+
+    def out(self, name: str, item: dict, cfg) -> Path:
+        """Where run ``name`` of the spec (``item``) lands for ``cfg`` (its seed's config)."""
+        if item.get("equal_flops"):
+            return self.home / f"{name}-equalflops-seed{cfg.seed}"
+        return default_out(cfg, item["method"], self.root)
 
     def launch(self, out: Path, method: str, sets: list[str]) -> Path:
         """One run in its own process (skipped when finished, resumed when killed); the CPU seconds
@@ -257,7 +272,7 @@ class Study:
             else:
                 sets += self.full_model_lr(load_config(self.config, sets))
         cfg = load_config(self.config, sets)
-        out = self.home / f"{name}-equalflops-seed{seed}" if equal else default_out(cfg, method, self.root)
+        out = default_out(cfg, method, self.root) if name == "baseline" else self.out(name, self.spec["runs"][name], cfg)
         if name == "baseline" and seed == self.spec["tuning"]["seed"] and not out.exists() and not self.dry_run:
             self._adopt(self.candidate(*self.baseline), out)  # the chosen tuning run is this seed's baseline
         changed = config_differences(out, cfg, method) if (out / "summary.json").exists() else []

@@ -425,3 +425,74 @@ def test_new_follows_the_same_rules_as_run(tmp_path, capsys, flags, message):
     out = tmp_path / "m"
     assert main(["new", "llama" if "--kv-heads" in flags else "gpt2", "--out", str(out), *flags]) == 2
     assert message in one_error(capsys) and not out.exists()
+
+
+@pytest.fixture
+def local_corpus(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    (folder / "a.txt").write_text("\n".join(" ".join(words[(i + j) % 8] for j in range(40)) for i in range(60)) + "\n")
+    return ["--set", f"data.path={folder}", "--set", "data.vocab_size=300", "--set", "vcycle=null"]
+
+
+def test_prepared_data_is_checked_and_never_created_by_a_run(tmp_path, capsys, local_corpus):
+    prepared, out = tmp_path / "prepared", tmp_path / "run"
+    run = ["train", SMOKE, *local_corpus, "--set", "train.steps=2", "--set", f"data.prepared_dir={prepared}",
+           "--out", str(out)]
+    assert main(run) == 2  # a data.prepared_dir that holds nothing is not silently created
+    assert "holds no prepared data" in one_error(capsys) and not prepared.exists() and not out.exists()
+    file = tmp_path / "a-file"
+    file.write_text("mine")
+    assert main(["data", "prepare", SMOKE, *local_corpus, "--out", str(file)]) == 2
+    assert "a file" in one_error(capsys) and file.read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "corpus"]  # no temporary left
+    assert main(["data", "prepare", SMOKE, *local_corpus, "--out", str(prepared)]) == 0
+    index = json.loads((prepared / "index.json").read_text())
+    assert all(len(s["sha256"]) == 64 for s in index["splits"].values())
+    capsys.readouterr()
+    train = prepared / "train.bin"
+    good = train.read_bytes()
+    for damage, message in ((good[:-2], "should hold"), (bytes([good[0] ^ 1]) + good[1:], "checksum"),
+                            (good, None)):
+        train.write_bytes(damage)
+        if message is None:  # restored: it trains
+            assert main(run) == 0
+            break
+        assert main(run) == 2
+        line = one_error(capsys)
+        assert "is damaged" in line and "train.bin" in line and message in line and not out.exists()
+    vocab = index["vocab_size"]
+    index["vocab_size"] = vocab + 1
+    (prepared / "index.json").write_text(json.dumps(index))
+    assert main([*run[:-2], "--out", str(tmp_path / "run2")]) == 2
+    assert f"tokenizer.json has {vocab} tokens, index.json says {vocab + 1}" in one_error(capsys)
+
+
+def test_table_refuses_a_results_folder_that_does_not_exist(tmp_path, capsys):
+    assert main(["table", "--results", str(tmp_path / "reslts")]) == 2
+    assert "reslts" in one_error(capsys) and not (tmp_path / "reslts").exists()
+
+
+def test_an_over_long_name_leaves_no_parents(tmp_path, capsys):
+    out = tmp_path / "a" / "b" / ("x" * 250)
+    assert main(["train", SMOKE, "--out", str(out)]) == 2
+    assert "longer than" in one_error(capsys) and not (tmp_path / "a").exists()
+    assert main(["new", "gpt2", "--layers", "1", "--heads", "2", "--hidden", "8", "--out", str(out)]) == 2
+    assert "longer than" in one_error(capsys) and not (tmp_path / "a").exists()
+
+
+def test_two_spec_runs_that_would_share_a_directory_are_refused(tmp_path):
+    import yaml
+
+    from mlresearch.study_runner import Study, StudyError
+
+    spec = {"config": SMOKE, "root": str(tmp_path / "runs"), "seeds": [0],
+            "runs": {"paper": {"method": "vcycle"}, "paper-1thread": {"method": "vcycle", "set": ["train.threads=1"]}}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(StudyError, match="runs 'paper' and 'paper-1thread' would share the directory"):
+        Study(tmp_path / "s.yaml")
+    spec["runs"]["paper-1thread"]["set"].append("vcycle.tag=t1")
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    Study(tmp_path / "s.yaml", dry_run=True)
+    assert not (tmp_path / "runs").exists()

@@ -175,6 +175,9 @@ def load_text(task: str, cfg: dict, seed: int) -> Data:
     seq_len = int(cfg["seq_len"])
     path = prepared_dir(task, cfg, seed)
     if not is_prepared(path):
+        if cfg.get("prepared_dir"):  # named by the user: read, never created
+            raise DataError(f"data.prepared_dir {path} holds no prepared data (no index.json): prepare it with "
+                            f"`mlresearch data prepare CONFIG --out {path}`, or drop data.prepared_dir")
         prepare_text(task, cfg, seed, num_proc=int(cfg.get("num_proc") or 1), out=path)
     blocks, vocab, special, index = open_prepared(path, task, seq_len)
     info = {"source": index["source"], "documents": sum(s["documents"] for s in index["splits"].values()),

@@ -104,6 +104,9 @@ def prepare_text(task: str, cfg: dict, seed: int, num_proc: int = 1, out: Path |
     out = Path(out) if out else prepared_dir(task, cfg, seed, identity)
     if is_prepared(out):
         return out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DataError(f"cannot prepare data into {out}: it is {'a file' if not out.is_dir() else 'a directory that holds other files'}"
+                        " (give --out a new or empty directory)")
     if len(ds) < 3:
         raise DataError(f"need at least 3 documents to split, got {len(ds)} from {source}")
     fractions = text_fractions(cfg)
@@ -138,11 +141,13 @@ def prepare_text(task: str, cfg: dict, seed: int, num_proc: int = 1, out: Path |
     (tmp / "index.json").write_text(json.dumps(index, indent=1) + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # an empty directory given as --out
         tmp.rename(out)
     except OSError:  # another process (a second rank, say) finished the same preparation first
+        shutil.rmtree(tmp, ignore_errors=True)
         if not is_prepared(out):
             raise
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -152,8 +157,8 @@ def _prepare_split(ds, rows, name: str, encode, tmp: Path, dtype, num_proc: int,
     mapped = ds.select(rows).map(encode, batched=True, batch_size=256, num_proc=num_proc if len(rows) > 1 else None,
                                  remove_columns=["text"], cache_file_name=str(tmp / f"map-{name}.arrow"),
                                  desc=f"tokenizing {name}")
-    tokens = _write_stream(mapped, tmp / f"{name}.bin", dtype)
-    index["splits"][name] = {"documents": len(rows), "tokens": tokens}
+    tokens, digest = _write_stream(mapped, tmp / f"{name}.bin", dtype)
+    index["splits"][name] = {"documents": len(rows), "tokens": tokens, "sha256": digest}
     del mapped
     for f in tmp.glob(f"map-{name}*.arrow"):
         f.unlink()
@@ -183,17 +188,61 @@ class _Encoder:
 
 
 def _write_stream(mapped, path: Path, dtype, batch: int = 4096) -> int:
-    """Append every row's ids to ``path``; returns the number of tokens written."""
+    """Append every row's ids to ``path``; returns the number of tokens written and the file's sha256."""
     import pyarrow.compute as pc
 
-    total = 0
+    total, digest = 0, hashlib.sha256()
     table = mapped.with_format("arrow")
     with open(path, "wb") as f:
         for i in range(0, len(mapped), batch):
             flat = pc.list_flatten(table[i:i + batch]["ids"]).to_numpy(zero_copy_only=False)
-            f.write(flat.astype(dtype, copy=False).tobytes())
+            chunk = flat.astype(dtype, copy=False).tobytes()
+            f.write(chunk)
+            digest.update(chunk)
             total += len(flat)
-    return total
+    return total, digest.hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_prepared(path: Path, index: dict) -> None:
+    """A prepared directory is what its index says: a token dtype we write, each split's file
+    exactly ``tokens`` long and (where the index records it) with its checksum, and a tokenizer
+    whose vocabulary is the index's. Raises a DataError naming the file and what is wrong."""
+    from .datasets import DataError
+
+    def damaged(what: str):
+        return DataError(f"prepared data {path} is damaged: {what}; prepare it again (delete it, then "
+                         "`mlresearch data prepare CONFIG`)")
+
+    if index.get("dtype") not in ("uint16", "uint32"):
+        raise damaged(f"index.json names token dtype {index.get('dtype')!r} (uint16 or uint32 expected)")
+    width = np.dtype(index["dtype"]).itemsize
+    for name, info in (index.get("splits") or {}).items():
+        file = Path(path) / f"{name}.bin"
+        if not file.is_file() or file.stat().st_size != int(info["tokens"]) * width:
+            size = file.stat().st_size if file.is_file() else "no file"
+            raise damaged(f"{file.name} should hold {info['tokens']} {index['dtype']} tokens "
+                          f"({int(info['tokens']) * width} bytes), found {size}")
+        if "sha256" in info and _file_sha256(file) != info["sha256"]:
+            raise damaged(f"{file.name} does not match the checksum in index.json")
+    tokenizer = Path(path) / "tokenizer.json"
+    if not tokenizer.is_file():
+        raise damaged("tokenizer.json is missing")
+    from tokenizers import Tokenizer
+
+    try:
+        vocab = Tokenizer.from_file(str(tokenizer)).get_vocab_size()
+    except Exception as exc:  # noqa: BLE001 -- tokenizers raises its own exception type for a bad file
+        raise damaged(f"tokenizer.json is unreadable ({exc})") from None
+    if vocab != index.get("vocab_size"):
+        raise damaged(f"tokenizer.json has {vocab} tokens, index.json says {index.get('vocab_size')}")
 
 
 class TokenBlocks:
@@ -239,10 +288,14 @@ def open_prepared(path: Path, task: str, seq_len: int):
     """(blocks per split, vocabulary size, special ids, index) of a prepared directory."""
     from .datasets import DataError
 
-    index = json.loads((Path(path) / "index.json").read_text())
+    try:
+        index = json.loads((Path(path) / "index.json").read_text())
+    except ValueError as exc:
+        raise DataError(f"prepared data {path}: index.json is not valid JSON ({exc}); prepare it again") from None
     if index.get("format") != FORMAT or index.get("task") != task:
         raise DataError(f"{path} was prepared for {index.get('task')!r} (format {index.get('format')}), not {task!r} "
                         f"(format {FORMAT}); prepare it again with `mlresearch data prepare`")
+    check_prepared(Path(path), index)
     blocks = {name: TokenBlocks(Path(path) / f"{name}.bin", index["dtype"], info["tokens"], seq_len, task,
                                 index["special"])
               for name, info in index["splits"].items()}

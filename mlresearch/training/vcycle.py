@@ -22,7 +22,7 @@ from ..checkpoint import (atomic_write_text, load_model, load_state, recover_tre
                           state_value)
 from ..errors import MLResearchError
 from ..faults import fault_point
-from ..overwrite import RUN, check_is_run, check_overwrite
+from ..overwrite import RUN, check_is_run, check_overwrite, check_writable_path
 from ..data.datasets import load_data
 from ..results import provenance, write_json
 from .config import METHOD_SECTIONS, ConfigError, RunConfig, default_value, flatten_config
@@ -90,6 +90,7 @@ class Run:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.cfg, self.out = cfg, Path(out)
+        check_writable_path(self.out)
         if self.out.exists() and not self.out.is_dir():
             raise FileExistsError(f"--out {self.out} is a file, not a run directory")
         # cpu=True when there is no GPU: accelerate then treats torchrun's ranks as MULTI_CPU (gloo).
