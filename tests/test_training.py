@@ -264,7 +264,7 @@ def _raw(name):
     return yaml.safe_load((CONFIGS / f"{name}_smoke.yaml").read_text())
 
 
-def test_the_vcycle_budget_is_checked_for_the_vcycle_only():
+def test_the_vcycle_section_is_checked_only_for_methods_that_read_it():
     from mlresearch.training.methods import build_plan
 
     raw = _raw("gpt2")
@@ -273,13 +273,19 @@ def test_the_vcycle_budget_is_checked_for_the_vcycle_only():
     with pytest.raises(ConfigError, match="budgets do not add up"):
         build_plan(cfg, "vcycle")
     assert build_plan(cfg, "baseline") and build_plan(cfg, "small")  # they never spend the V-cycle's budget
+    raw = _raw("gpt2")
+    raw["model"].update(heads=3, hidden=48)  # halving cannot split 3 heads: a V-cycle error, not a baseline one
+    cfg = parse_config(raw)
+    for method in ("vcycle", "small"):
+        with pytest.raises(ConfigError, match="does not fit the level-1 model"):
+            build_plan(cfg, method)
+    assert build_plan(cfg, "baseline")
 
 
 @pytest.mark.parametrize("change, message", [
     (lambda r: r["train"].update(stepz=3), r"unknown key\(s\) \['stepz'\] in train"),
     (lambda r: r.update(extra=1), r"unknown key\(s\) \[.extra.\] in the top level"),
     (lambda r: r["model"].update(heads=4, hidden=30), "not divisible"),
-    (lambda r: r["model"].update(heads=3, hidden=48), "does not fit the level-1 model"),
     (lambda r: r["vcycle"].update(up_steps=[2, 2]), "one entry per level"),
     (lambda r: r["vcycle"].update(alpha=1.5), r"\[0, 1\]"),
     (lambda r: r["vcycle"].update(optimizer="keep"), "reset' or 'carry"),

@@ -26,6 +26,7 @@ from ..operators import (coalesce, coalesce_state, decoalesce, decoalesce_preser
                          interpolate, norm_ratios, stack_layers)
 from ..tasks import task_of
 from .config import ConfigError, RunConfig
+from .models import level_sizes
 
 
 @dataclass(frozen=True)
@@ -395,8 +396,11 @@ def baseline(cfg: RunConfig) -> Plan:
 
 
 def _needs_vcycle(cfg: RunConfig, name: str) -> None:
+    """The vcycle section is there and its scheme fits every level of the model (the models are
+    sized on the meta device)."""
     if cfg.vcycle is None:
         raise ConfigError(f"method {name!r} needs the config's vcycle section (levels, scheme, budgets)")
+    level_sizes(cfg)
 
 
 def _describe_small(config: dict) -> dict:
@@ -530,6 +534,8 @@ def stack(cfg: RunConfig) -> Plan:
     if cfg.stack is None:
         raise ConfigError("method 'stack' needs the config's stack section (factor, steps, rewarmup)")
     t, st, full = cfg.train, cfg.stack, model_sizes(cfg)
+    if full.layers % st.factor:
+        raise ConfigError(f"stack.factor {st.factor} does not divide model.layers {full.layers}")
     if st.steps >= t.steps:
         raise ConfigError(f"stack.steps {st.steps} leaves no steps of train.steps {t.steps} for the full model")
     small = full.replace(layers=full.layers // st.factor)
