@@ -6,6 +6,7 @@ arguments). Writes go to a temporary sibling directory that is renamed only on s
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -144,7 +145,8 @@ def save_state(directory: str | os.PathLike, state: dict) -> None:
 
     doc = encode(state, "s")
     directory = Path(directory)
-    save_file(tensors, str(directory / STATE_TENSORS))
+    with disk_full_names(directory / STATE_TENSORS):
+        save_file(tensors, str(directory / STATE_TENSORS))
     (directory / STATE_JSON).write_text(json.dumps(doc))
 
 
@@ -278,13 +280,42 @@ def read_structured(path: str | os.PathLike, what: str, error: type[Exception], 
         raise error(f"{what} {path} is not valid {fmt.upper()}: {' '.join(str(exc).split())}") from exc
 
 
+CHECKSUM = WEIGHTS + ".sha256"  # written beside the weights, verified on load: damage is named as damage
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextmanager
+def disk_full_names(path: Path) -> Iterator[None]:
+    """Re-raise a full disk as ``OSError(ENOSPC)`` naming ``path``: safetensors reports it as its own
+    error type, which would otherwise read as an internal failure."""
+    import errno
+
+    try:
+        yield
+    except OSError:
+        raise
+    except Exception as exc:
+        if "No space left on device" in str(exc):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path)) from exc
+        raise
+
+
 def save_model(model: nn.Module, path: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Save ``model`` (any supported family) to a directory with ``model.safetensors``."""
+    """Save ``model`` (any supported family) to a directory with ``model.safetensors`` and its checksum."""
     family = family_of(model)
     with atomic_dir(path, overwrite) as tmp:
-        family.save(model, tmp)
+        with disk_full_names(Path(path) / WEIGHTS):
+            family.save(model, tmp)
         if not (tmp / WEIGHTS).is_file():
             raise CheckpointError(f"saving {type(model).__name__} produced no {WEIGHTS}")
+        (tmp / CHECKSUM).write_text(file_sha256(tmp / WEIGHTS) + "\n")
     return Path(path)
 
 
@@ -302,6 +333,10 @@ def load_model(path: str | os.PathLike) -> nn.Module:
     if not (path / WEIGHTS).is_file():
         raise CheckpointError(f"checkpoint {path} is incomplete: {WEIGHTS} is missing")
     config = read_structured(path / "config.json", f"checkpoint {path}:", CheckpointError)
+    if (path / CHECKSUM).is_file() and (path / CHECKSUM).read_text().strip() != file_sha256(path / WEIGHTS):
+        raise CheckpointError(f"checkpoint {path} is damaged: {WEIGHTS} does not match the checksum written with it "
+                              f"({CHECKSUM}); it changed on disk after it was saved: restore it, or delete the "
+                              "checkpoint to resume from an earlier one")
     try:
         if config.get("mlresearch_family"):
             return _load_timm(path, config)

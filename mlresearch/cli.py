@@ -135,6 +135,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
 def _parse_setting(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -155,7 +165,7 @@ def _cmd_new(args: argparse.Namespace) -> int:
     from .checkpoint import save_model
     from .families import FAMILIES, Sizes
 
-    from .training.config import ModelConfig, validate_model
+    from .training.config import ConfigError, ModelConfig, validate_model
 
     options = dict(args.set)
     validate_model(ModelConfig(args.family, args.layers, args.heads, args.hidden, args.ffn, args.kv_heads, options))
@@ -163,7 +173,11 @@ def _cmd_new(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     sizes = Sizes(layers=args.layers, heads=args.heads, kv_heads=args.kv_heads or args.heads, hidden=args.hidden,
                   ffn=args.ffn or 4 * args.hidden, head_dim=args.hidden // args.heads)
-    model = FAMILIES[args.family].new(sizes, **options)
+    try:
+        model = FAMILIES[args.family].new(sizes, **options)
+    except Exception as exc:  # noqa: BLE001 -- HF and timm raise many types for a bad option value
+        raise ConfigError(f"new {args.family}: cannot build it with --set {options}: {type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())}") from None
     save_model(model, args.out, overwrite=args.overwrite)
     n = sum(p.numel() for p in model.parameters())
     print(f"new {args.family} ({type(model).__name__}, {n / 1e6:.2f} M params) -> {args.out}")
@@ -331,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="config file or preset name (e.g. gpt2_tiny) whose validation split is the "
                                   "probe (default: the run's config)")
     p.add_argument("--metric", choices=("cka", "cka-unbiased", "cosine", "attention"), default="cka")
-    p.add_argument("--examples", type=int, default=16, help="validation examples in the probe batch")
+    p.add_argument("--examples", type=_positive_int, default=16, help="validation examples in the probe batch")
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_cmd_similarity)
@@ -375,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model_dir", help="a model directory (config.json + model.safetensors) of a supported family")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--scheme", help="scheme JSON (default: merge --factor heads and 2 layers into one)")
-    g.add_argument("--factor", type=int, default=2, help="width factor of the default scheme (default 2)")
+    g.add_argument("--factor", type=_positive_int, default=2, help="width factor of the default scheme (default 2)")
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("map", help="apply an operator to checkpoint directories")
@@ -431,7 +445,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif isinstance(exc, OSError):
             message = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
             if getattr(exc, "errno", None) == errno.ENOSPC:
-                message = f"no space left on the device ({exc.filename or 'while writing'})"
+                message = (f"no space left on the device while writing {exc.filename or 'an output file'}; nothing "
+                           "already written was lost (each file is written aside and renamed only when complete)")
         else:
             message = f"internal error {type(exc).__name__}: {exc} (rerun with --debug for the traceback)"
         message = " ".join(message.split())  # one line

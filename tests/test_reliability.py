@@ -496,3 +496,68 @@ def test_two_spec_runs_that_would_share_a_directory_are_refused(tmp_path):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
     Study(tmp_path / "s.yaml", dry_run=True)
     assert not (tmp_path / "runs").exists()
+
+
+# ----------------------------------------------------------------------------- every message names input and cause
+def test_zero_factors_and_counts_are_named(tmp_path, capsys):
+    from mlresearch.operators import Scheme
+    from mlresearch.operators.scheme import SchemeError
+
+    src = save_model(FACTORIES["gpt2"](), tmp_path / "m")
+    for argv in (["check", str(src), "--factor", "0"],
+                 ["similarity", "--model", str(src), "--data", SMOKE, "--examples", "0", "--out", str(tmp_path / "s")]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "expected a whole number >= 1, got '0'" in capsys.readouterr().err
+    with pytest.raises(SchemeError, match="width_factor must be a whole number >= 1"):
+        Scheme.uniform(heads=4, layers=4, width_factor=0)
+    assert main(["new", "vit", "--out", str(tmp_path / "v"), "--layers", "1", "--heads", "2", "--hidden", "8",
+                 "--set", "patch_size=0"]) == 2
+    line = one_error(capsys)
+    assert "cannot build it with --set {'patch_size': 0}" in line and "ZeroDivisionError" in line
+
+
+def test_an_empty_metrics_file_is_named(tmp_path, capsys):
+    from conftest import write_run
+
+    base = write_run(tmp_path / "b", ROWS, kind="baseline")
+    method = write_run(tmp_path / "v", [], kind="vcycle")
+    assert main(["compare", str(base), str(method)]) == 2
+    assert f"{method}/metrics.jsonl has no validation rows" in one_error(capsys)
+    assert main(["compare", str(write_run(tmp_path / "b0", [], kind="baseline")), str(method)]) == 2
+    assert "b0/metrics.jsonl has no validation rows" in one_error(capsys)
+
+
+def test_weights_damaged_on_disk_are_reported_as_damaged(tmp_path, capsys):
+    model = save_model(FACTORIES["gpt2"](), tmp_path / "m")
+    assert (model / "model.safetensors.sha256").read_text().strip() == __import__("hashlib").sha256(
+        (model / "model.safetensors").read_bytes()).hexdigest()
+    weights = bytearray((model / "model.safetensors").read_bytes())
+    weights[-3] ^= 0xFF  # one flipped byte inside a tensor: still a readable safetensors file
+    (model / "model.safetensors").write_bytes(bytes(weights))
+    for argv in (["check", str(model)], ["map", "coalesce", "--src", str(model), "--out", str(tmp_path / "o"),
+                                         "--halving"]):
+        assert main(argv) == 2
+        line = one_error(capsys)
+        assert "is damaged" in line and "checksum" in line and "NOT HELD" not in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_full_disk_names_the_file_says_nothing_was_lost_and_how_to_resume(tmp_path, monkeypatch, capsys):
+    import safetensors
+    import transformers.modeling_utils
+
+    out = tmp_path / "run"
+    argv = ["train", SMOKE, "--set", "train.steps=2", "--set", "vcycle=null", "--out", str(out)]
+
+    def full(*args, **kwargs):
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+    assert main(argv) == 2
+    line = one_error(capsys)
+    assert "no space left on the device while writing" in line and "model.safetensors" in line
+    assert "nothing already written was lost" in line and "--resume" in line
+    monkeypatch.undo()
+    assert main([*argv, "--resume"]) == 0
+    assert (out / "summary.json").exists() and not list(out.rglob(".*.tmp-*"))

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoint import file_sha256
+
 FORMAT = 1
 SPLITS = ("train", "val", "test", "tune")
 
@@ -203,14 +205,6 @@ def _write_stream(mapped, path: Path, dtype, batch: int = 4096) -> int:
     return total, digest.hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def check_prepared(path: Path, index: dict) -> None:
     """A prepared directory is what its index says: a token dtype we write, each split's file
     exactly ``tokens`` long and (where the index records it) with its checksum, and a tokenizer
@@ -230,7 +224,7 @@ def check_prepared(path: Path, index: dict) -> None:
             size = file.stat().st_size if file.is_file() else "no file"
             raise damaged(f"{file.name} should hold {info['tokens']} {index['dtype']} tokens "
                           f"({int(info['tokens']) * width} bytes), found {size}")
-        if "sha256" in info and _file_sha256(file) != info["sha256"]:
+        if "sha256" in info and file_sha256(file) != info["sha256"]:
             raise damaged(f"{file.name} does not match the checksum in index.json")
     tokenizer = Path(path) / "tokenizer.json"
     if not tokenizer.is_file():

@@ -114,6 +114,9 @@ class Scheme:
         ``i + k*L/f`` (the reference's shipped L6-H6.json). A factor of ``None`` or 1 leaves
         that axis alone.
         """
+        for name, f in (("width_factor", width_factor), ("depth_factor", depth_factor)):
+            if f is not None and (isinstance(f, bool) or not isinstance(f, int) or f < 1):
+                raise SchemeError(f"{name} must be a whole number >= 1 (1 or None leaves that axis alone), got {f!r}")
         kv_heads = None
         if model is not None:
             from ..families import family_of

@@ -143,8 +143,10 @@ def compare_runs(baseline_dir: str | Path, vcycle_dir: str | Path) -> dict:
     check_finite(vc, vcycle_dir)
     base_evals = _evals(base)
     if not base_evals:
-        raise ValueError(f"{baseline_dir} has no validation rows")
+        raise CompareError(f"{baseline_dir}/metrics.jsonl has no validation rows: nothing to compare against")
     target = base_evals[-1]["val_loss"]
+    if not _evals(vc):
+        raise CompareError(f"{vcycle_dir}/metrics.jsonl has no validation rows: nothing to compare")
     final_phase = [r for r in vc if "event" not in r][-1]["phase"]
     b, v = reach(base, target), reach(vc, target, final_phase)
     vc_last = _evals(vc, final_phase)[-1]

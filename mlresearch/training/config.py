@@ -345,6 +345,9 @@ def _validate_data(cfg: RunConfig) -> None:
         if getattr(d, name) is not None:
             _positive(getattr(d, name), f"data.{name}")
     if _TASKS[cfg.task].sequences:
+        if not isinstance(d.corpus, list) or not d.corpus or not all(isinstance(c, str) for c in d.corpus):
+            raise ConfigError(f"data.corpus must be a list of corpus names, e.g. [bible, bbc] (or --set "
+                              f"'data.corpus=[bible]'), got {d.corpus!r}")
         for key in ("n_positions", "max_position_embeddings"):  # the position table must cover a sequence
             n = cfg.model.options.get(key)
             if n is not None and (not isinstance(n, int) or n < d.seq_len):
