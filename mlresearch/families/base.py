@@ -272,11 +272,18 @@ class HFFamily(Family):
         (HF configs keep any keyword silently), or one the model section owns (its sizes)."""
         import transformers
 
-        known = set(getattr(transformers, self.config_class)().to_dict()) | {"attn_implementation"}
-        owned = sorted(set(self.config_keys.values()) & set(options))
+        config_cls = getattr(transformers, self.config_class)
+        known = set(config_cls().to_dict()) | {"attn_implementation"}
+        # head_dim is not among them: the model section has no head_dim (a decoupled one, as Qwen3's, is an option)
+        sizes = {key for field, key in self.config_keys.items() if field != "head_dim"}
+        owned = sorted(sizes & set(options))
         if owned:
             return f"{owned} set the model's size: use the model section (layers, heads, hidden, ffn, kv_heads)"
-        unknown = sorted(set(options) - known)
+        try:  # a key the config consumes (a legacy name such as GPT-NeoX's rotary_pct) is known too
+            kept = set(config_cls(**{k: v for k, v in options.items() if k != "attn_implementation"}).to_dict())
+        except Exception as exc:  # noqa: BLE001 -- configs raise many types for a bad value
+            return f"{self.config_class} refuses {options}: {type(exc).__name__}: {exc}"
+        unknown = sorted(k for k in set(options) - known if k in kept)
         return f"{self.config_class} has no {unknown}" if unknown else None
 
     def new(self, sizes: Sizes, **options: Any) -> nn.Module:
