@@ -57,14 +57,39 @@ def load_study(path: str | Path) -> dict:
 
     if not isinstance(spec, dict) or set(spec) - STUDY_KEYS or not {"config", "runs", "seeds"} <= set(spec):
         raise bad(f"needs config, runs and seeds, and only the keys {sorted(STUDY_KEYS)}")
+
+    def seeds(key: str) -> None:
+        value = spec[key]
+        if not isinstance(value, list) or not value or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                               and x >= 0 for x in value):
+            raise bad(f"{key} must be a non-empty list of seeds (whole numbers >= 0), e.g. [0, 1, 2], got {value!r}")
+
+    def strings(value, where: str) -> None:
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            raise bad(f"{where} must be a list of key=value overrides, e.g. [vcycle.alpha=0.5], got {value!r}")
+
+    if not isinstance(spec["config"], str):
+        raise bad(f"config must be a preset name or a .yaml path, got {spec['config']!r}")
+    seeds("seeds")
     spec.setdefault("variant_seeds", spec["seeds"])
+    seeds("variant_seeds")
     spec.setdefault("tuning", {"seed": spec["seeds"][0], "lr": [], "warmup": []})
+    tuning = spec["tuning"]
+    if not isinstance(tuning, dict) or set(tuning) - {"seed", "lr", "warmup"} or \
+            not isinstance(tuning.setdefault("seed", spec["seeds"][0]), int) or \
+            not all(isinstance(tuning.setdefault(k, []), list) for k in ("lr", "warmup")):
+        raise bad(f"tuning must be a mapping of seed (a number) and lr, warmup (lists), got {tuning!r}")
     runs = spec["runs"]
+    if not isinstance(runs, dict):
+        raise bad(f"runs must be a mapping of run names to {{method: ..., set: [...]}}, got {type(runs).__name__}")
     for name, item in runs.items():
         if name == "baseline" or not isinstance(item, dict) or item.get("method") not in METHODS:
             raise bad(f"run {name!r} needs a method among {sorted(METHODS)} (and may not be called baseline)")
         if set(item) - {"method", "set", "main", "equal_flops"}:
             raise bad(f"run {name!r} has unknown keys {sorted(set(item) - {'method', 'set', 'main', 'equal_flops'})}")
+        strings(item.get("set", []), f"run {name!r}: set")
+    if "best" in spec and not isinstance(spec["best"], dict):
+        raise bad(f"best must be a mapping with among: [run names], got {spec['best']!r}")
     among = (spec.get("best") or {}).get("among", [])
     if "best" in spec and (not among or set(among) - set(runs)):
         raise bad(f"best.among names runs the spec does not have: {sorted(set(among) - set(runs)) or 'none given'}")

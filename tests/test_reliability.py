@@ -561,3 +561,27 @@ def test_a_full_disk_names_the_file_says_nothing_was_lost_and_how_to_resume(tmp_
     monkeypatch.undo()
     assert main([*argv, "--resume"]) == 0
     assert (out / "summary.json").exists() and not list(out.rglob(".*.tmp-*"))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("seeds: 0\nruns: {}", "seeds must be a non-empty list of seeds"),
+    ("seeds: [0]\nvariant_seeds: [-1]\nruns: {}", "variant_seeds must be a non-empty list"),
+    ("seeds: [0]\nruns: []", "runs must be a mapping of run names"),
+    ("seeds: [0]\nruns: {a: {method: vcycle, set: train.steps=3}}", "run 'a': set must be a list of key=value"),
+    ("seeds: [0]\nruns: {}\ntuning: [0.1]", "tuning must be a mapping"),
+    ("seeds: [0]\nruns: {}\nbest: [a]", "best must be a mapping"),
+])
+def test_a_malformed_study_spec_names_the_key(tmp_path, text, message):
+    from mlresearch.study_runner import StudyError, load_study
+
+    (tmp_path / "s.yaml").write_text(f"config: gpt2_smoke\n{text}\n")
+    with pytest.raises(StudyError, match=message):
+        load_study(tmp_path / "s.yaml")
+
+
+def test_bad_seeds_and_a_model_that_cannot_read_the_probe_are_named(tmp_path, capsys):
+    assert main(["train", SMOKE, "--set", "seed=-1", "--out", str(tmp_path / "r")]) == 2
+    assert "seed must be a non-negative integer" in one_error(capsys)
+    small_vocab = save_model(FACTORIES["gpt2"](), tmp_path / "m")  # 97 tokens; the smoke tokenizer has 512
+    assert main(["similarity", "--model", str(small_vocab), "--data", SMOKE, "--out", str(tmp_path / "s")]) == 2
+    assert "has a vocabulary of 97 tokens" in one_error(capsys) and not (tmp_path / "s").exists()

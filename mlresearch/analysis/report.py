@@ -47,8 +47,13 @@ def similarity_report(out: str | Path, run: str | Path | None = None, model_dir:
     if run is not None:
         frame = similarity_over_training(run, batch, metric)
     else:
-        frame = similarity_frame(load_model(model_dir), batch, metric, {"snapshot": Path(model_dir).name,
-                                                                        "phase": "model", "step": -1})
+        model = load_model(model_dir)
+        embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        if embeddings is not None and "input_ids" in batch and int(batch["input_ids"].max()) >= embeddings.num_embeddings:
+            raise ValueError(f"--model {model_dir} has a vocabulary of {embeddings.num_embeddings} tokens, but --data "
+                             f"{data}'s tokenizer gives ids up to {int(batch['input_ids'].max())}: probe it with the "
+                             "data it was trained on")
+        frame = similarity_frame(model, batch, metric, {"snapshot": Path(model_dir).name, "phase": "model", "step": -1})
     name = frame.metric.iloc[0]
     with atomic_dir(out, overwrite) as tmp:
         write_json(tmp / "provenance.json", provenance(

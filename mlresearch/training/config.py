@@ -243,6 +243,8 @@ def validate(cfg: RunConfig) -> None:
     if not re.fullmatch(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]*", cfg.experiment):
         raise ConfigError(f"experiment names a directory: letters, digits and _ . + - only, not starting with '.', "
                           f"got {cfg.experiment!r}")
+    if cfg.seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer (it seeds numpy and torch), got {cfg.seed}")
     if cfg.task not in TASKS:
         raise ConfigError(f"task must be one of {sorted(TASKS)}, got {cfg.task!r}")
     if cfg.model.family not in FAMILIES:
