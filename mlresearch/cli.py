@@ -145,6 +145,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
 def _parse_setting(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -322,8 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "fine-tuning, test top-1) -> <run>/downstream.json")
     p.add_argument("runs", nargs="+", help="run directories with final_model/")
     p.add_argument("--skip-done", action="store_true", help="skip runs that already have downstream.json")
-    p.add_argument("--finetune-steps", type=int, help="BBC fine-tuning steps (masked LM runs)")
-    p.add_argument("--finetune-lr", type=float, help="BBC fine-tuning peak LR (masked LM runs)")
+    p.add_argument("--finetune-steps", type=_positive_int, help="BBC fine-tuning steps (masked LM runs)")
+    p.add_argument("--finetune-lr", type=_positive_float, help="BBC fine-tuning peak LR (masked LM runs)")
     p.set_defaults(func=_cmd_downstream)
 
     p = sub.add_parser("study", help="run a study spec (experiments/studies/*.yaml): the baseline tuned on the tuning "

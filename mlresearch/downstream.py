@@ -42,6 +42,11 @@ class DownstreamConfig:
     seed: int = 0  # classifier-head init and batch order
     threads: int = 2
 
+    def __post_init__(self) -> None:
+        if self.finetune_steps <= self.finetune_warmup:
+            raise ValueError(f"--finetune-steps {self.finetune_steps} must exceed the fine-tuning warm-up of "
+                             f"{self.finetune_warmup} steps")
+
 
 @contextmanager
 def torch_threads(n: int | None):

@@ -13,8 +13,8 @@ import warnings
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
+from .checkpoint import read_structured
 from .tasks import task_of
 from .training.compare import NonFiniteLoss, compare_runs, reach
 from .training.config import load_config
@@ -36,9 +36,9 @@ def _runs(results: Path):
     """Runs written by the runner (a config.yaml and a summary with its kind)."""
     for summary in sorted(results.glob("*/*/summary.json")):
         run = summary.parent
-        data = json.loads(summary.read_text())
-        if (run / "config.yaml").exists() and data.get("kind"):
-            yield run, yaml.safe_load((run / "config.yaml").read_text()), data
+        data = read_structured(summary, "run summary", ValueError)
+        if (run / "config.yaml").exists() and isinstance(data, dict) and data.get("kind"):
+            yield run, read_structured(run / "config.yaml", "run config", ValueError, fmt="yaml"), data
 
 
 def _downstream(run: Path, task: str) -> float | None:

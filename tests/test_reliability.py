@@ -585,3 +585,30 @@ def test_bad_seeds_and_a_model_that_cannot_read_the_probe_are_named(tmp_path, ca
     small_vocab = save_model(FACTORIES["gpt2"](), tmp_path / "m")  # 97 tokens; the smoke tokenizer has 512
     assert main(["similarity", "--model", str(small_vocab), "--data", SMOKE, "--out", str(tmp_path / "s")]) == 2
     assert "has a vocabulary of 97 tokens" in one_error(capsys) and not (tmp_path / "s").exists()
+
+
+def test_damaged_run_records_are_named(tmp_path, capsys):
+    from conftest import write_run
+
+    base = write_run(tmp_path / "e" / "baseline-seed0", ROWS + [{"phase": "baseline", "val_loss": "x", "flops": 3.0}],
+                     kind="baseline")
+    method = write_run(tmp_path / "e" / "vcycle-seed0", [dict(r, phase="up1") for r in ROWS], kind="vcycle")
+    assert main(["compare", str(base), str(method)]) == 2
+    assert "baseline-seed0/metrics.jsonl: validation loss 'x'" in one_error(capsys)
+    (method / "summary.json").write_text("{")
+    assert main(["table", "--results", str(tmp_path)]) == 2
+    assert "run summary" in (line := one_error(capsys)) and "vcycle-seed0/summary.json is not valid JSON" in line
+    (base / "config.yaml").write_text("x: [")
+    assert main(["train", SMOKE, "--out", str(base), "--resume"]) == 2
+    assert "baseline-seed0/config.yaml is not valid YAML" in one_error(capsys)
+
+
+def test_downstream_flags_are_checked(tmp_path, capsys):
+    from mlresearch.downstream import DownstreamConfig
+
+    for flag, value in (("--finetune-steps", "0"), ("--finetune-lr", "-1"), ("--finetune-lr", "nan")):
+        with pytest.raises(SystemExit):
+            main(["downstream", str(tmp_path), flag, value])
+        assert f"argument {flag}: expected" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--finetune-steps 10 must exceed the fine-tuning warm-up of 15"):
+        DownstreamConfig(finetune_steps=10)

@@ -99,6 +99,9 @@ def first_difference(a: dict, b: dict) -> str | None:
 
 def check_finite(rows, run) -> None:
     for r in _evals(rows):
+        if isinstance(r["val_loss"], bool) or not isinstance(r["val_loss"], (int, float)):
+            raise CompareError(f"{run}/metrics.jsonl: validation loss {r['val_loss']!r} at {r.get('phase')} step "
+                               f"{r.get('step')} is not a number; the file was damaged")
         if not math.isfinite(float(r["val_loss"])):
             raise NonFiniteLoss(f"{run}: validation loss {r['val_loss']} at {r.get('phase')} step {r.get('step')} "
                                 "(metrics.jsonl): no saving is read from a run that diverged")

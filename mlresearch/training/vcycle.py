@@ -18,8 +18,8 @@ import numpy as np
 import torch
 import yaml
 
-from ..checkpoint import (atomic_write_text, load_model, load_state, recover_tree, save_model, state_exists,
-                          state_value)
+from ..checkpoint import (atomic_write_text, load_model, load_state, read_structured, recover_tree, save_model,
+                          state_exists, state_value)
 from ..errors import MLResearchError
 from ..faults import fault_point
 from ..overwrite import RUN, check_is_run, check_overwrite, check_writable_path
@@ -64,7 +64,9 @@ def config_differences(out: Path, cfg: RunConfig, kind: str = "vcycle") -> list[
     path = Path(out) / "config.yaml"
     if not path.exists():
         return []
-    stored = yaml.safe_load(path.read_text()) or {}
+    stored = read_structured(path, "the run's config", ConfigError, fmt="yaml") or {}
+    if not isinstance(stored, dict):
+        raise ConfigError(f"the run's config {path} is not a mapping of sections: the file was damaged")
     old, new = dict(flatten_config(stored)), dict(flatten_config(cfg.to_dict()))
     for k in new.keys() - old.keys():  # a setting added after the run was written: it had its default
         default = default_value(k)
