@@ -5,6 +5,7 @@ arguments). Writes go to a temporary sibling directory that is renamed only on s
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import json
@@ -295,8 +296,6 @@ def file_sha256(path: Path) -> str:
 def disk_full_names(path: Path) -> Iterator[None]:
     """Re-raise a full disk as ``OSError(ENOSPC)`` naming ``path``: safetensors reports it as its own
     error type, which would otherwise read as an internal failure."""
-    import errno
-
     try:
         yield
     except OSError:

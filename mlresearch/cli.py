@@ -156,11 +156,11 @@ def _positive_float(text: str) -> float:
 
 
 def _parse_setting(text: str) -> tuple[str, object]:
+    from .checkpoint import DuplicateKey, parse_json
+
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    from .checkpoint import DuplicateKey, parse_json
-
     try:
         return key, parse_json(value)
     except DuplicateKey as exc:
@@ -174,7 +174,6 @@ def _cmd_new(args: argparse.Namespace) -> int:
 
     from .checkpoint import save_model
     from .families import FAMILIES, Sizes
-
     from .training.config import ConfigError, ModelConfig, validate_model
 
     options = dict(args.set)

@@ -75,9 +75,10 @@ def load_study(path: str | Path) -> dict:
     seeds("variant_seeds")
     spec.setdefault("tuning", {"seed": spec["seeds"][0], "lr": [], "warmup": []})
     tuning = spec["tuning"]
-    if not isinstance(tuning, dict) or set(tuning) - {"seed", "lr", "warmup"} or \
-            not isinstance(tuning.setdefault("seed", spec["seeds"][0]), int) or \
-            not all(isinstance(tuning.setdefault(k, []), list) for k in ("lr", "warmup")):
+    if isinstance(tuning, dict) and not set(tuning) - {"seed", "lr", "warmup"}:
+        tuning = spec["tuning"] = {"seed": spec["seeds"][0], "lr": [], "warmup": [], **tuning}
+    if not isinstance(tuning, dict) or set(tuning) != {"seed", "lr", "warmup"} or not isinstance(tuning["seed"], int) \
+            or not isinstance(tuning["lr"], list) or not isinstance(tuning["warmup"], list):
         raise bad(f"tuning must be a mapping of seed (a number) and lr, warmup (lists), got {tuning!r}")
     runs = spec["runs"]
     if not isinstance(runs, dict):
