@@ -15,7 +15,9 @@ from typing import Any
 
 import yaml
 
+from ..checkpoint import parse_yaml, read_structured
 from ..errors import MLResearchError
+from ..families import FAMILIES
 from ..tasks import TASKS as _TASKS
 
 TASKS = tuple(_TASKS)
@@ -238,8 +240,6 @@ def _compile_backends() -> set[str]:
 
 
 def validate(cfg: RunConfig) -> None:
-    from ..families import FAMILIES
-
     if not re.fullmatch(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]*", cfg.experiment):
         raise ConfigError(f"experiment names a directory: letters, digits and _ . + - only, not starting with '.', "
                           f"got {cfg.experiment!r}")
@@ -306,8 +306,6 @@ def validate(cfg: RunConfig) -> None:
 
 def validate_model(m: ModelConfig) -> None:
     """The model section alone (``mlresearch new`` checks its flags with it too)."""
-    from ..families import FAMILIES
-
     if m.family not in FAMILIES:
         raise ConfigError(f"model.family must be one of {sorted(FAMILIES)}, got {m.family!r}")
     for name in ("layers", "heads", "hidden"):
@@ -448,8 +446,6 @@ def _validate_vcycle(cfg: RunConfig) -> None:
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    from ..checkpoint import read_structured
-
     raw = read_structured(path, "config file", ConfigError, fmt="yaml")
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(raw).__name__}")
@@ -471,8 +467,6 @@ def _override(raw: dict, item: str) -> None:
         node = node[p]
         if not isinstance(node, dict):
             raise ConfigError(f"override {item!r}: {p} is not a mapping")
-    from ..checkpoint import parse_yaml
-
     try:
         node[parts[-1]] = parse_yaml(value)
     except yaml.YAMLError as exc:
