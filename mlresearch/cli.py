@@ -389,7 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     q = data_sub.add_parser("prepare", help="split by document, tokenize with datasets.map(num_proc) and write the "
                                             "token files training reads in place")
     q.add_argument("config")
-    q.add_argument("--num-proc", type=int, default=os.cpu_count() or 1, help="tokenizing processes (default: all CPUs)")
+    q.add_argument("--num-proc", type=_positive_int, default=os.cpu_count() or 1,
+                   help="tokenizing processes (default: all CPUs)")
     q.add_argument("--out", help="where to write (default: data.prepared_dir, else the data cache)")
     q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     q.set_defaults(func=_cmd_data_prepare)

@@ -585,6 +585,16 @@ def test_bad_seeds_and_a_model_that_cannot_read_the_probe_are_named(tmp_path, ca
     small_vocab = save_model(FACTORIES["gpt2"](), tmp_path / "m")  # 97 tokens; the smoke tokenizer has 512
     assert main(["similarity", "--model", str(small_vocab), "--data", SMOKE, "--out", str(tmp_path / "s")]) == 2
     assert "has a vocabulary of 97 tokens" in one_error(capsys) and not (tmp_path / "s").exists()
+    vit = tmp_path / "v"  # 8x8 images; deit_smoke's probe is 28x28
+    assert main(["new", "vit", "--out", str(vit), "--layers", "1", "--heads", "2", "--hidden", "8",
+                 "--set", "img_size=8", "--set", "patch_size=2", "--set", "in_chans=1"]) == 0
+    deit = str(REPO / "experiments" / "configs" / "deit_smoke.yaml")
+    assert main(["similarity", "--model", str(vit), "--data", deit, "--out", str(tmp_path / "s")]) == 2
+    line = one_error(capsys)
+    assert "cannot read --data" in line and "doesn't match model (8)" in line and "internal error" not in line
+    with pytest.raises(SystemExit):
+        main(["data", "prepare", SMOKE, "--num-proc", "0"])
+    assert "argument --num-proc: expected a whole number >= 1" in capsys.readouterr().err
 
 
 def test_damaged_run_records_are_named(tmp_path, capsys):

@@ -53,7 +53,12 @@ def similarity_report(out: str | Path, run: str | Path | None = None, model_dir:
             raise ValueError(f"--model {model_dir} has a vocabulary of {embeddings.num_embeddings} tokens, but --data "
                              f"{data}'s tokenizer gives ids up to {int(batch['input_ids'].max())}: probe it with the "
                              "data it was trained on")
-        frame = similarity_frame(model, batch, metric, {"snapshot": Path(model_dir).name, "phase": "model", "step": -1})
+        try:
+            frame = similarity_frame(model, batch, metric, {"snapshot": Path(model_dir).name, "phase": "model",
+                                                            "step": -1})
+        except (AssertionError, RuntimeError, IndexError) as exc:  # the model cannot read this probe
+            raise ValueError(f"--model {model_dir} cannot read --data {data}'s probe batch ({type(exc).__name__}: "
+                             f"{exc}); probe it with the data it was trained on") from None
     name = frame.metric.iloc[0]
     with atomic_dir(out, overwrite) as tmp:
         write_json(tmp / "provenance.json", provenance(
