@@ -338,7 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("study", help="run a study spec (experiments/studies/*.yaml): the baseline tuned on the tuning "
                                      "split, every method on the same seeds, resumable; then the side-by-side table")
     p.add_argument("spec")
-    p.add_argument("--stage", choices=("tune", "all"), default="all", help="tune: only the baseline's LR/warm-up")
+    p.add_argument("--stage", choices=("tune", "frontier", "all"), default="all",
+                   help="tune: only the baseline's LR/warm-up; frontier: it and the baseline frontier; all: every run")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state; train nothing")
     p.set_defaults(func=_cmd_study)
 

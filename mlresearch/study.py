@@ -95,11 +95,16 @@ def _modelled_columns(baseline_wall: float | None, run: Path, config: dict, summ
 
 def collect(results: str | Path = "results") -> pd.DataFrame:
     """One row per run of a method (every kind but the baseline) with the baseline of the same
-    seed in the same directory, and the comparison; a run without such a baseline (one kept as a
-    record elsewhere) has nothing to be compared with and is left out."""
+    seed in the same directory, and the comparison; a run without exactly one such baseline (one
+    kept as a record elsewhere; the runs of a tuning grid or a frontier, beside several) has no
+    single baseline to be compared with and is left out."""
     results = Path(results)
     runs = list(_runs(results))
-    baselines = {(r.parent, c["seed"]): r for r, c, s in runs if s["kind"] == "baseline"}
+    baselines: dict = {}
+    for r, c, s in runs:
+        if s["kind"] == "baseline":
+            key = (r.parent, c["seed"])
+            baselines[key] = None if key in baselines else r
     times, baseline_walls = step_times(results), {}
     rows = []
     for run, config, summary in runs:

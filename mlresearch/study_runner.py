@@ -10,11 +10,19 @@ time, resumable (a finished run is skipped, a killed one resumes), choices made 
 2. **Every run on its seeds**: the main rows on ``seeds`` first, then the rest, one variant at a time,
    on ``variant_seeds``; the ``best`` V-cycle (lowest mean tuning loss over ``variant_seeds`` among
    ``best.among``) then runs on every seed. Runs land in ``<root>/<experiment>/``.
-3. **The answer**: each run against the baseline of its seed (mean and spread over seeds), and the
+3. **The baseline frontier** (``frontier`` in the spec): the baseline trained for each of
+   ``budgets`` (fractions of its steps) and the small shape alone for each of ``small_budgets``
+   (fractions of the baseline's FLOPs), each run with its LR schedule fully decayed at its own end,
+   on every seed; at the lowest budget the baseline also at each of ``check_lr`` on the tuning seed
+   (is the frontier's low end handicapped by an LR tuned for the full budget?). A point the study
+   already has (the 1.0x baseline, the small control at equal FLOPs) is copied, not retrained. Runs
+   land in ``<root>/<experiment>-frontier/``; the points (one row per run) go to
+   ``<root>/tables/frontier.csv``, which the saving at matched loss reads (:mod:`mlresearch.frontier`).
+4. **The answer**: each run against the baseline of its seed (mean and spread over seeds), and the
    study's CPU-hour total: each run's CPU seconds (the child process's ``getrusage``) are added to
    ``<run>/cpu.json``.
 
-``mlresearch study SPEC [--stage tune|all] [--dry-run]``
+``mlresearch study SPEC [--stage tune|frontier|all] [--dry-run]``
 """
 
 from __future__ import annotations
@@ -41,7 +49,8 @@ class StudyError(MLResearchError, ValueError):
     """A study spec that cannot run, or a run of it that failed."""
 
 
-STUDY_KEYS = {"config", "root", "tuning", "seeds", "variant_seeds", "runs", "best"}
+STUDY_KEYS = {"config", "root", "tuning", "seeds", "variant_seeds", "runs", "best", "frontier"}
+FRONTIER_KEYS = {"budgets", "small_budgets", "check_lr"}
 
 
 def load_study(path: str | Path) -> dict:
@@ -96,15 +105,30 @@ def load_study(path: str | Path) -> dict:
         raise bad(f"best.among names runs the spec does not have: {sorted(set(among) - set(runs)) or 'none given'}")
     if not set(spec["variant_seeds"]) <= set(spec["seeds"]):
         raise bad("variant_seeds must be a subset of seeds")
+    if "frontier" in spec:
+        frontier = spec["frontier"]
+        if not isinstance(frontier, dict) or set(frontier) - FRONTIER_KEYS or "budgets" not in frontier:
+            raise bad(f"frontier must be a mapping with budgets and optionally small_budgets, check_lr, got {frontier!r}")
+        frontier.setdefault("small_budgets", [])
+        frontier.setdefault("check_lr", [])
+        for key, least in (("budgets", 2), ("small_budgets", 0), ("check_lr", 0)):
+            value = frontier[key]
+            if not isinstance(value, list) or len(value) < least or len(set(value)) != len(value) or not all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in value):
+                raise bad(f"frontier.{key} must be a list of distinct positive numbers"
+                          + (f" (at least {least}: a frontier is read between its points)" if least else "")
+                          + f", got {value!r}")
+        if frontier["small_budgets"] and len(frontier["small_budgets"]) < 2:
+            raise bad("frontier.small_budgets needs at least 2 budgets (or none)")
     return spec
 
 
-def equal_flops_steps(cfg) -> tuple[int, int]:
-    """Steps (and warm-up, in the same proportion) for which ``cfg``'s small-model control costs the
-    baseline's planned FLOPs: the strongest small model at equal compute."""
+def equal_flops_steps(cfg, budget: float = 1.0) -> tuple[int, int]:
+    """Steps (and warm-up, in the same proportion) for which ``cfg``'s small-model control costs
+    ``budget`` times the baseline's planned FLOPs: the strongest small model at that compute."""
     from .training.methods import planned_ledger
 
-    base = planned_ledger(cfg, "baseline")["flops"]
+    base = budget * planned_ledger(cfg, "baseline")["flops"]
     small = planned_ledger(cfg, "small")
     per_step = small["flops"] / small["phases"][0]["steps"]
     steps = math.ceil(base / per_step)
@@ -334,6 +358,81 @@ class Study:
         atomic_write_text(tmp / "provenance.json", json.dumps(record, indent=2) + "\n")
         tmp.rename(out)
 
+    # --------------------------------------------------------------------------------- frontier
+    def frontier_points(self) -> list[tuple[Path, str, list[str], float, str]]:
+        """(directory, method, overrides, budget, role) of every frontier run, in the order they run:
+        the baseline's budgets on every seed, then the small shape's (role "frontier"), then the LR
+        check (role "lr check": judged on the tuning split, never a point of the frontier), so a
+        study stopped part-way has the baseline's frontier on every seed first."""
+        f, (lr, warmup) = self.spec["frontier"], self.baseline
+        home = self.root / f"{self.experiment}-frontier"
+        points = []
+        for seed in self.spec["seeds"]:
+            cfg = load_config(self.config, [f"seed={seed}"])
+            for budget in f["budgets"]:
+                steps = max(1, round(budget * cfg.train.steps))
+                points.append((home / f"baseline-x{budget:g}-seed{seed}", "baseline",
+                               [f"seed={seed}", f"train.steps={steps}", f"train.lr={lr}",
+                                f"train.warmup={min(warmup, steps)}"], budget, "frontier"))
+        for seed in self.spec["seeds"]:
+            cfg = load_config(self.config, [f"seed={seed}"])
+            for budget in f["small_budgets"]:
+                steps, small_warmup = equal_flops_steps(cfg, budget)
+                points.append((home / f"small-x{budget:g}-seed{seed}", "small",
+                               [f"seed={seed}", f"train.steps={steps}", f"train.warmup={small_warmup}"], budget, "frontier"))
+        seed, budget = self.spec["tuning"]["seed"], min(f["budgets"])
+        steps = max(1, round(budget * load_config(self.config).train.steps))
+        for other in f["check_lr"]:
+            if other != lr:
+                points.append((home / f"baseline-x{budget:g}-lr{other:g}-seed{seed}", "baseline",
+                               [f"seed={seed}", f"train.steps={steps}", f"train.lr={other}",
+                                f"train.warmup={min(warmup, steps)}"], budget, "lr check"))
+        return points
+
+    def _same_run(self, method: str, cfg) -> Path | None:
+        """A finished run of the study's own (the baseline, a spec run) with exactly ``cfg``."""
+        homes = [default_out(cfg, method, self.root)]
+        homes += [self.out(n, item, cfg) for n, item in self.spec["runs"].items() if item["method"] == method]
+        for out in homes:
+            if (out / "summary.json").exists() and not config_differences(out, cfg, method):
+                return out
+        return None
+
+    def frontier(self) -> list[tuple[Path, float, str]]:
+        """Train (or copy) every frontier point; returns (directory, budget, role) of each."""
+        done = []
+        for out, method, sets, budget, role in self.frontier_points():
+            cfg = load_config(self.config, sets)
+            same = None if out.exists() else self._same_run(method, cfg)
+            if same is not None and not self.dry_run:
+                self._adopt(same, out)
+            elif same is not None:
+                print(f"[{'copy':8}] {out}  <- {same}")
+                continue
+            changed = config_differences(out, cfg, method) if (out / "summary.json").exists() else []
+            if changed:
+                raise StudyError(f"{out} is finished with another configuration (differs in {', '.join(changed)}); "
+                                 "move it away and run the study again")
+            done.append((self.launch(out, method, sets), budget, role))
+        return done
+
+    def write_frontier(self, runs: list[tuple[Path, float, str]]) -> Path | None:
+        """``<root>/tables/frontier.csv``: one row per finished frontier run (this experiment's rows
+        replaced, every other experiment's kept)."""
+        from .frontier import frontier_row
+
+        rows = [{**frontier_row(run, self.root, budget), "role": role} for run, budget, role in runs
+                if (run / "summary.json").exists()]
+        out = self.root / "tables" / "frontier.csv"
+        if not rows or self.dry_run:
+            return None
+        previous = pd.read_csv(out) if out.exists() else pd.DataFrame(columns=["experiment"])
+        table = pd.concat([previous[previous.experiment != self.experiment], pd.DataFrame(rows)], ignore_index=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, table.to_csv(index=False))
+        print(f"{self.experiment}: {len(rows)} frontier points -> {out}")
+        return out
+
     def best(self) -> str:
         """The candidate V-cycle with the lowest mean tuning loss over ``variant_seeds``."""
         seeds = self.spec["variant_seeds"]
@@ -389,9 +488,14 @@ class Study:
 
 
 def run_study(path: str | Path, stage: str = "all", dry_run: bool = False) -> pd.DataFrame:
-    """``mlresearch study SPEC``: tune the baseline, run everything (``stage="all"``), report."""
+    """``mlresearch study SPEC``: tune the baseline, then the frontier (``stage="frontier"``) or
+    every run and the frontier (``stage="all"``), then report."""
     study = Study(path, dry_run)
+    if stage == "frontier" and "frontier" not in study.spec:
+        raise StudyError(f"study spec {path} has no frontier section: nothing to run for --stage frontier")
     study.tune()
-    if stage != "tune":
+    if stage == "all":
         study.all_runs()
+    if stage != "tune" and "frontier" in study.spec:
+        study.write_frontier(study.frontier())
     return study.report()

@@ -1,0 +1,131 @@
+"""The saving at matched loss, read against an annealed baseline frontier.
+
+A method's saving means something only against a baseline trained *for the method's budget* with
+its LR schedule fully decayed at its end (Kaddour et al., "No Train No Gain", NeurIPS 2023): a
+baseline read part-way through one long schedule has not finished decaying and flatters every
+method that stops early. The study trains the baseline at several budgets, each annealed
+(``frontier`` in a study spec, :mod:`mlresearch.study_runner`); each run is one *point* (its total
+FLOPs, its final validation loss on the full split), and one seed's points make its *frontier*.
+
+For a method's run ending (annealed) at loss ``L_m`` after ``C_m`` FLOPs, on the same seed:
+
+- ``C_base(L_m)``: the frontier's FLOPs to reach ``L_m``, read by monotone interpolation in log FLOPs
+  between its points (the frontier is first made non-increasing: with more compute the baseline can
+  always do at least as well as with less, so a point above an earlier one is replaced by it);
+- **saved** = ``1 - C_m / C_base(L_m)`` (negative: the method spent more for the same loss);
+- **speedup** = ``C_base(L_m) / C_m - 1`` (what papers such as G_stack's report: a 54.6% speedup
+  is a 35% saving);
+- **loss gap at equal FLOPs** = ``L_m`` minus the frontier's loss at ``C_m``.
+
+A loss or a budget outside the frontier's points is reported as such (``below``/``above`` the
+frontier's range), never extrapolated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from .checkpoint import read_structured
+from .errors import MLResearchError
+from .training.engine import read_metrics
+
+
+class FrontierError(MLResearchError, ValueError):
+    """A frontier that cannot be read (fewer than two points, non-finite values, mixed seeds)."""
+
+
+def frontier_row(run: str | Path, root: str | Path, budget: float) -> dict:
+    """One frontier point, from a finished run's config, summary and metrics: the record
+    ``frontier.csv`` holds (nothing is parsed from the directory's name)."""
+    run = Path(run)
+    config = read_structured(run / "config.yaml", "run config", FrontierError, fmt="yaml")
+    summary = read_structured(run / "summary.json", "run summary", FrontierError)
+    provenance = json.loads((run / "provenance.json").read_text())
+    evals = [r for r in read_metrics(run) if "val_loss" in r and "event" not in r]
+    return {"experiment": config["experiment"], "method": summary["kind"], "seed": config["seed"],
+            "budget": budget, "lr": config["train"]["lr"], "warmup": config["train"]["warmup"],
+            "steps": config["train"]["steps"], "schedule": config["train"]["schedule"],
+            "flops": float(summary["flops_total"]), "val_loss": float(summary["final_full_val"]["val_loss"]),
+            "tune_loss": (summary.get("final_tune") or {}).get("tune_loss"),
+            "tokens": evals[-1].get("tokens") if evals else None,
+            "run": str(run.resolve().relative_to(Path(root).resolve())),
+            "copied_from": provenance.get("copied_from"), "git_commit": provenance.get("git_commit")}
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """One seed's annealed end points, as (FLOPs, loss), non-increasing in loss."""
+
+    flops: tuple[float, ...]
+    loss: tuple[float, ...]
+
+    @classmethod
+    def of(cls, points) -> "Frontier":
+        """From (FLOPs, loss) pairs in any order; a point worse than one with less compute is
+        replaced by that one's loss (the frontier is the best loss reachable at each budget)."""
+        points = sorted((float(c), float(v)) for c, v in points)
+        if len(points) < 2:
+            raise FrontierError(f"a frontier needs at least two budgets, got {len(points)}")
+        if not all(math.isfinite(c) and c > 0 and math.isfinite(v) for c, v in points):
+            raise FrontierError(f"frontier points must have positive finite FLOPs and finite losses, got {points}")
+        if len({c for c, _ in points}) != len(points):
+            raise FrontierError(f"two frontier points share a budget: {points}")
+        best, loss = math.inf, []
+        for _, v in points:
+            best = min(best, v)
+            loss.append(best)
+        return cls(tuple(c for c, _ in points), tuple(loss))
+
+    def flops_to(self, loss: float) -> tuple[float | None, str]:
+        """(FLOPs at which the frontier comes down to ``loss``, "in range"), or (None, "below") for
+        a loss better than its largest budget reached, (None, "above") for one worse than its
+        smallest budget's."""
+        if loss > self.loss[0]:
+            return None, "above"
+        if loss < self.loss[-1]:
+            return None, "below"
+        for i in range(len(self.loss)):
+            if self.loss[i] <= loss:
+                if i == 0 or self.loss[i] == loss:
+                    return self.flops[i], "in range"
+                share = (self.loss[i - 1] - loss) / (self.loss[i - 1] - self.loss[i])
+                lo, hi = math.log(self.flops[i - 1]), math.log(self.flops[i])
+                return math.exp(lo + share * (hi - lo)), "in range"
+        raise AssertionError("unreachable: loss is within [min, max] of the frontier")
+
+    def loss_at(self, flops: float) -> tuple[float | None, str]:
+        """(The frontier's loss at ``flops``, "in range"), or (None, "below"/"above") for a budget
+        smaller than its smallest point or larger than its largest."""
+        if flops < self.flops[0]:
+            return None, "below"
+        if flops > self.flops[-1]:
+            return None, "above"
+        for i in range(1, len(self.flops)):
+            if flops <= self.flops[i]:
+                lo, hi = math.log(self.flops[i - 1]), math.log(self.flops[i])
+                share = (math.log(flops) - lo) / (hi - lo)
+                return self.loss[i - 1] + share * (self.loss[i] - self.loss[i - 1]), "in range"
+        return self.loss[0], "in range"  # a single-budget frontier is refused in of()
+
+    def saving(self, flops: float, loss: float) -> dict:
+        """A run ending at ``loss`` after ``flops`` against this frontier: saved, speedup, loss gap
+        at equal FLOPs, each None where the frontier does not reach (with why)."""
+        base, reach = self.flops_to(loss)
+        at, budget = self.loss_at(flops)
+        return {"baseline_flops_at_loss": base, "loss_range": reach,
+                "saved": None if base is None else 1 - flops / base,
+                "speedup": None if base is None else base / flops - 1,
+                "loss_gap": None if at is None else loss - at, "flops_range": budget}
+
+
+def frontiers(points: pd.DataFrame, method: str = "baseline") -> dict[tuple[str, int], Frontier]:
+    """(experiment, seed) -> that seed's frontier of ``method`` runs (the baseline, or the small shape
+    alone), from ``frontier.csv`` rows (not the LR check's: it is judged on the tuning split)."""
+    rows = points[(points.method == method) & (points.role == "frontier")]
+    return {(str(e), int(s)): Frontier.of(zip(g.flops, g.val_loss)) for (e, s), g in rows.groupby(["experiment", "seed"])
+            if len(g) >= 2}
