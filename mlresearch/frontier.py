@@ -129,3 +129,57 @@ def frontiers(points: pd.DataFrame, method: str = "baseline") -> dict[tuple[str,
     rows = points[(points.method == method) & (points.role == "frontier")]
     return {(str(e), int(s)): Frontier.of(zip(g.flops, g.val_loss)) for (e, s), g in rows.groupby(["experiment", "seed"])
             if len(g) >= 2}
+
+
+def read_points(results: str | Path) -> pd.DataFrame:
+    """``<results>/tables/frontier.csv`` (written by the study's frontier stage); empty when absent."""
+    path = Path(results) / "tables" / "frontier.csv"
+    return pd.read_csv(path) if path.exists() else pd.DataFrame(columns=["experiment", "method", "seed", "role"])
+
+
+def run_savings(runs: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
+    """Each method run (a row of :func:`mlresearch.study.collect`: its experiment, seed, total FLOPs
+    and final loss) against the annealed frontier *of its own seed*: ``saved_pct``, ``speedup_pct``,
+    ``loss_gap`` (to the baseline's frontier at equal FLOPs), ``small_loss_gap`` (to the small shape
+    alone's, where the study has one), and where each stands (``loss_range``: in range / above /
+    below the frontier's points; ``flops_range`` and ``small_flops_range`` likewise for the budget). Runs of an experiment without a frontier
+    get ``loss_range`` "no frontier"."""
+    full, small = frontiers(points, "baseline"), frontiers(points, "small")
+    rows = []
+    for r in runs.itertuples(index=False):
+        key = (str(r.experiment), int(r.seed))
+        out = {"saved_pct": None, "speedup_pct": None, "loss_gap": None, "small_loss_gap": None,
+               "loss_range": "no frontier", "flops_range": "no frontier", "small_flops_range": "no frontier",
+               "baseline_flops_at_loss": None}
+        flops, loss = float(r.method_total_flops), float(r.method_full_val_loss)
+        if key in full and math.isfinite(flops) and math.isfinite(loss):
+            s = full[key].saving(flops, loss)
+            out.update(loss_range=s["loss_range"], flops_range=s["flops_range"], loss_gap=s["loss_gap"],
+                       baseline_flops_at_loss=s["baseline_flops_at_loss"],
+                       saved_pct=None if s["saved"] is None else 100 * s["saved"],
+                       speedup_pct=None if s["speedup"] is None else 100 * s["speedup"])
+        if key in small and math.isfinite(flops) and math.isfinite(loss):
+            s = small[key].saving(flops, loss)
+            out.update(small_loss_gap=s["loss_gap"], small_flops_range=s["flops_range"])
+        rows.append(out)
+    return pd.DataFrame(rows, index=runs.index, columns=list(out) if rows else None)
+
+
+def spread_cell(values, ranges, digits: int = 1) -> str:
+    """A table cell from one variant's per-seed ``values`` and where each seed stands (``ranges``):
+    mean ± sd over the seeds the frontier can read, and how many it cannot (their loss or budget
+    below or above its points) -- never a number for those."""
+    ranges = list(ranges)
+    if not ranges or all(r == "no frontier" for r in ranges):
+        return "no frontier yet"
+    read = [float(v) for v, r in zip(values, ranges) if r == "in range"]
+    cell = "-"
+    if read:
+        mean = sum(read) / len(read)
+        cell = f"{mean:+.{digits}f}"
+        if len(read) > 1:
+            sd = math.sqrt(sum((v - mean) ** 2 for v in read) / (len(read) - 1))
+            cell += f" ± {sd:.{digits}f}"
+    outside = [f"{ranges.count(k)} " + ("without one" if k == "no frontier" else f"{k} its range")
+               for k in ("below", "above", "no frontier") if ranges.count(k)]
+    return cell + (f" ({len(read)}/{len(ranges)} seeds; {', '.join(outside)})" if outside else "")

@@ -9,17 +9,20 @@ shown beside our measurements and labelled as such.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 
 import pandas as pd
 
 from .checkpoint import read_structured
+from .frontier import read_points, run_savings, spread_cell
 from .tasks import task_of
 from .training.compare import NonFiniteLoss, compare_runs, reach
 from .training.config import load_config
 from .training.engine import read_metrics
 from .training.methods import describe_run, planned_ledger
+from .training.models import parameter_counts
 
 PAPER = pd.DataFrame([
     {"model": "BERT-Base", "levels": 2, "flops_saving_pct": 19.0, "wall_saving_pct": 10.8},
@@ -97,7 +100,16 @@ def collect(results: str | Path = "results") -> pd.DataFrame:
     """One row per run of a method (every kind but the baseline) with the baseline of the same
     seed in the same directory, and the comparison; a run without exactly one such baseline (one
     kept as a record elsewhere; the runs of a tuning grid or a frontier, beside several) has no
-    single baseline to be compared with and is left out."""
+    single baseline to be compared with and is left out. Each row also has its saving against the
+    annealed frontier of its seed (``results/tables/frontier.csv``, :mod:`mlresearch.frontier`) and
+    the full model's tokens per parameter at the run's end."""
+    table = _collect(Path(results))
+    if table.empty:
+        return table
+    return pd.concat([table, run_savings(table, read_points(results))], axis=1)
+
+
+def _collect(results: Path) -> pd.DataFrame:
     results = Path(results)
     runs = list(_runs(results))
     baselines: dict = {}
@@ -111,8 +123,9 @@ def collect(results: str | Path = "results") -> pd.DataFrame:
         base = baselines.get((run.parent, config["seed"]))
         if summary["kind"] == "baseline" or base is None:  # (a run kept as a record, beside no baseline)
             continue
+        params = parameter_counts(load_config(run / "config.yaml"))
         row = {"experiment": config["experiment"], "method": summary["kind"], "task": config["task"], "run": run.name,
-               "seed": config["seed"], **describe_run(summary["kind"], config),
+               "seed": config["seed"], **describe_run(summary["kind"], config), **params,
                "method_full_val_loss": summary["final_full_val"]["val_loss"],
                "method_test": next(iter(summary["final_test"].values())),
                "method_downstream": _downstream(run, config["task"])}
@@ -130,6 +143,9 @@ def collect(results: str | Path = "results") -> pd.DataFrame:
                     "method_total_flops": c["method_total_flops"], "reached": c["reached"],
                     "baseline_tokens": c["baseline_tokens"], "method_tokens": c.get("method_tokens"),
                     "method_total_tokens": c["method_total_tokens"],
+                    "tokens_per_parameter": (c["method_total_tokens"] or math.nan) / params["parameters"],
+                    "tokens_per_non_embedding_parameter":
+                        (c["method_total_tokens"] or math.nan) / params["non_embedding_parameters"],
                     "method_total_wall": c["method_total_wall"],
                     "method_flops": c.get("method_flops"), "flops_saving_pct": c.get("flops_saving_pct"),
                     "flops_saving_at_final_pct": c.get("flops_saving_at_final_pct"),
@@ -177,72 +193,66 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
                 baseline_tokens_to_target=("baseline_tokens", "mean"), method_tokens_to_target=("method_tokens", "mean"),
                 method_total_tokens=("method_total_tokens", "mean"), nonfinite_seeds=("nonfinite_loss", "sum"))
     out["method_flops_over_baseline"] = out["method_total_flops"] / g["baseline_total_flops"].mean()
+    if "loss_range" in df:  # against the annealed frontier of each run's seed (mlresearch.frontier)
+        for col, where, digits in (("saved_pct", "loss_range", 1), ("speedup_pct", "loss_range", 1),
+                                   ("loss_gap", "flops_range", 3), ("small_loss_gap", "small_flops_range", 3)):
+            if col in df:
+                out[f"{col}_cell"] = g.apply(lambda d, c=col, w=where, k=digits: spread_cell(d[c], d[w], k),
+                                             include_groups=False)
+                inside = df[df[where] == "in range"].groupby(keys, dropna=False)[col]
+                out[f"{col}_mean"], out[f"{col}_sd"] = inside.mean(), inside.std()
+        out["tokens_per_parameter"] = g["tokens_per_parameter"].mean()
+        out["tokens_per_non_embedding_parameter"] = g["tokens_per_non_embedding_parameter"].mean()
     return out.reset_index()
 
 
 def markdown(table: pd.DataFrame) -> str:
+    """The study table: each variant against the *annealed* frontier of its seed (saved at matched
+    loss, speedup, loss at equal FLOPs against the full and the small shape), mean ± sd over seeds;
+    the readings off the single unannealed 1.0x baseline curve stay in variants.csv only."""
     if table.empty:
         return "_No method runs in results/ yet._"
-    cols = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget", "seeds", "reached", "flops_saving_pct",
-            "modelled_wall_saving_pct", "flops_saving_at_final_pct", "method_flops_over_baseline", "tokens",
-            "final_val_loss_gap", "downstream"]
+    cols = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget", "seeds",
+            "method_flops_over_baseline", "saved", "speedup", "loss_gap", "small_loss_gap", "final_val_loss_gap",
+            "tokens_per_parameter", "downstream"]
     t = table.copy()
-    t["flops_saving_pct"] = t["flops_saving_pct"].map(lambda x: "not reached" if pd.isna(x) else f"{x:.1f}")
-    # Wall time only as the quiet per-shape benchmark models it (measured wall time is in runs.csv).
-    t["modelled_wall_saving_pct"] = [("not reached" if pd.isna(f) else "not benchmarked") if pd.isna(w) else f"{w:.1f}"
-                                     for w, f in zip(table["modelled_wall_saving_pct"], table["flops_saving_pct"])]
-    t["reached"] = [f"{int(r)}/{int(s)}" for r, s in zip(table["reached"], table["seeds"])]
-    t["flops_saving_at_final_pct"] = ["below the baseline's curve" if pd.isna(m) else f"{m:.1f}" +
-                                      ("" if pd.isna(sd) else f" ± {sd:.1f}")
-                                      for m, sd in zip(table["flops_saving_at_final_pct"], table["flops_saving_at_final_std"])]
+    for col in ("saved_pct", "speedup_pct", "loss_gap", "small_loss_gap"):
+        t[col.removesuffix("_pct")] = t[f"{col}_cell"] if f"{col}_cell" in t else "no frontier yet"
     t["method_flops_over_baseline"] = t["method_flops_over_baseline"].map(lambda x: f"{x:.2f}")
     t["final_val_loss_gap"] = [("-" if pd.isna(m) else f"{m:+.3f}" + ("" if pd.isna(sd) else f" ± {sd:.3f}")) +
                                (f" (NaN/inf loss: {int(n)} seed{'s' * (n > 1)} left out)" if n else "")
                                for m, sd, n in zip(table["final_val_loss_gap"], table["final_val_loss_gap_std"],
                                                    table.get("nonfinite_seeds", pd.Series(0, index=table.index)))]
-    t["tokens"] = [_to_target_cell(m, r, s, total, _count) + " / " + _count(b) for m, r, s, total, b in zip(
-        table["method_tokens_to_target"], table["reached"], table["seeds"], table["method_total_tokens"],
-        table["baseline_tokens_to_target"])]
+    per_param = table.get("tokens_per_parameter", pd.Series(math.nan, index=table.index))
+    per_non_embedding = table.get("tokens_per_non_embedding_parameter", pd.Series(math.nan, index=table.index))
+    t["tokens_per_parameter"] = ["-" if pd.isna(a) else f"{a:.1f} / {b:.1f}" for a, b in zip(per_param, per_non_embedding)]
     t["downstream"] = [_downstream_cell(r) for r in table.itertuples(index=False)]
-    t = t[cols].rename(columns={"flops_saving_pct": "FLOPs saving %", "modelled_wall_saving_pct": "wall saving % (modelled)",
-                                "flops_saving_at_final_pct": "FLOPs saving % at its final loss",
-                                "method_flops_over_baseline": "total FLOPs / baseline",
-                                "tokens": "tokens to target: method / baseline",
-                                "final_val_loss_gap": "final val loss - baseline",
+    t = t[cols].rename(columns={"method_flops_over_baseline": "total FLOPs / 1.0x baseline",
+                                "saved": "FLOPs saved % at matched loss (annealed frontier)",
+                                "speedup": "speedup %",
+                                "loss_gap": "loss - frontier at equal FLOPs",
+                                "small_loss_gap": "loss - small shape alone at equal FLOPs",
+                                "final_val_loss_gap": "final val loss - 1.0x baseline",
+                                "tokens_per_parameter": "tokens per parameter (all / non-embedding)",
                                 "downstream": "downstream: method vs baseline"})
     header = "| " + " | ".join(t.columns) + " |\n|" + "---|" * len(t.columns) + "\n"
     return header + "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in t.itertuples(index=False))
 
 
 def paper_style(table: pd.DataFrame) -> pd.DataFrame:
-    """Our variants in the paper's table layout (measured), followed by the paper's reported rows."""
+    """Our variants in the paper's table layout (measured; the saving at matched loss against the
+    annealed frontier of each seed), followed by the paper's reported rows (against one baseline)."""
+    cell = table["saved_pct_cell"] if "saved_pct_cell" in table else pd.Series("no frontier yet", index=table.index)
     ours = pd.DataFrame({
         "model": table.experiment, "levels": table.levels, "alpha": table.alpha,
         "variant": table.method + ": " + table.scheme + ", optimizer " + table.optimizer + ", budget " + table.budget,
-        "seeds": table.seeds, "baseline FLOPs": table.baseline_flops.map("{:.3g}".format),
-        "method FLOPs": [_to_target_cell(*r) for r in zip(table.method_flops_to_target, table.reached,
-                                                             table.seeds, table.method_total_flops)],
-        "FLOPs saving %": table.flops_saving_pct.round(1),
-        "wall saving %": table.modelled_wall_saving_pct.round(1),  # modelled from the quiet per-shape benchmark
+        "seeds": table.seeds, "method FLOPs / 1.0x baseline": table.method_flops_over_baseline.round(2),
+        "FLOPs saving %": cell,
         "final metric vs baseline": [_downstream_cell(r) for r in table.itertuples(index=False)],
-        "source": "ours (measured, tiny, CPU)"})
+        "source": "ours (measured, tiny, CPU; vs an annealed frontier)"})
     paper = PAPER.rename(columns={"flops_saving_pct": "FLOPs saving %", "wall_saving_pct": "wall saving %"})
     paper = paper.assign(**{"final metric vs baseline": "preserved (reported)"})
     return pd.concat([ours, paper], ignore_index=True)
-
-
-def _to_target_cell(to_target: float, reached: int, seeds: int, total: float, fmt="{:.3g}".format) -> str:
-    """A method's FLOPs (or tokens) to the target, mean over the seeds that reached it."""
-    if reached == 0:
-        return f"not reached by {fmt(total)}"
-    return fmt(to_target) + ("" if reached == seeds else f" ({int(reached)}/{int(seeds)} seeds)")
-
-
-def _count(n: float) -> str:
-    """Tokens (images for image tasks) in M or k; "-" where a run did not record them."""
-    if pd.isna(n):
-        return "-"
-    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
 
 
 def _downstream_cell(row) -> str:

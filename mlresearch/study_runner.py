@@ -472,7 +472,8 @@ class Study:
         table = variants(runs)
         if len(table):
             print(markdown(table))
-        dirs = [d for d in (*self.home.glob("*/"), *(self.root / f"{self.experiment}-tuning").glob("*/"))
+        dirs = [d for d in (*self.home.glob("*/"), *(self.root / f"{self.experiment}-tuning").glob("*/"),
+                            *(self.root / f"{self.experiment}-frontier").glob("*/"))
                 if (d / "summary.json").exists() and (d.parent != self.home or d.name in mine)
                 and "copied_from" not in json.loads((d / "provenance.json").read_text())]  # counted where it ran
         recorded = [json.loads((d / "cpu.json").read_text())["cpu_seconds"] for d in dirs if (d / "cpu.json").exists()]

@@ -150,3 +150,71 @@ def test_a_dry_run_says_it_would_write_the_tuning_table(tmp_path, capsys):
     table.unlink()
     Study(path, dry_run=True).tune()
     assert "(would write)" in capsys.readouterr().out and not table.exists()
+
+
+def test_the_frontier_stage_anneals_every_budget_and_the_table_reads_each_seeds_frontier(tmp_path, capsys):
+    """The baseline at 0.5x and 1.0x of its steps, the small shape alone at 0.5x and 1.0x of its FLOPs,
+    each schedule decayed to zero at its own end; points the study already has are copied, not
+    retrained; an LR check at the lowest budget is recorded but never a frontier point; every method
+    run is read against its seed's frontier (recomputed here from the closed form; the pairing of
+    seeds is tests/test_frontier.py's)."""
+    import math
+
+    from mlresearch.study import write_tables
+    from mlresearch.training.engine import read_metrics
+
+    path = _spec(tmp_path, seeds=[0], tuning={"seed": 0, "lr": [], "warmup": []},
+                 runs={"small": {"method": "small", "equal_flops": True, "main": True},
+                       "paper": {"method": "vcycle", "main": True}}, best=None,
+                 frontier={"budgets": [0.5, 1.0], "small_budgets": [0.5, 1.0], "check_lr": [0.01]})
+    spec = yaml.safe_load(path.read_text())
+    del spec["best"]
+    path.write_text(yaml.safe_dump(spec))
+    run_study(path, "all")
+    runs, home = tmp_path / "runs", tmp_path / "runs" / "gpt2_smoke-frontier"
+    points = pd.read_csv(runs / "tables" / "frontier.csv")
+    assert len(points) == 4 + 1 and (points.role == "lr check").sum() == 1
+    assert sorted(points[points.role == "lr check"].lr) == [0.01]
+    for p in points.itertuples():
+        run = runs / p.run
+        rows = [r for r in read_metrics(run) if "lr" in r]
+        assert rows[-1]["step"] == p.steps and rows[-1]["lr"] == 0.0  # annealed at its own end
+        assert p.flops == json.loads((run / "summary.json").read_text())["flops_total"]
+    half = points[(points.method == "baseline") & (points.role == "frontier")].set_index(["seed", "budget"])
+    assert half.loc[(0, 0.5), "steps"] == 3 and half.loc[(0, 1.0), "steps"] == 6
+    # The 1.0x points are the study's own baseline and small control, copied (their records say from where).
+    copied = json.loads((home / "baseline-x1-seed0" / "provenance.json").read_text())["copied_from"]
+    assert copied == str(runs / "gpt2_smoke" / "baseline-seed0")
+    assert json.loads((home / "small-x1-seed0" / "provenance.json").read_text())["copied_from"] == \
+        str(runs / "gpt2_smoke" / "small-equalflops-seed0")
+
+    table = write_tables(runs)
+    per_run = pd.read_csv(runs / "tables" / "runs.csv")
+    assert set(per_run.run) == {"vcycle-L2-halving-a0.25-reset-seed0", "small-equalflops-seed0"}  # none from the frontier
+    for r in per_run.itertuples():
+        f = half.loc[r.seed].sort_index()
+        (c0, l0), (c1, l1) = zip(f.flops, f.val_loss)
+        l1 = min(l0, l1)
+        loss, flops = r.method_full_val_loss, r.method_total_flops
+        if l1 <= loss <= l0 and l0 > l1:
+            base = math.exp(math.log(c0) + (l0 - loss) / (l0 - l1) * (math.log(c1) - math.log(c0)))
+            assert r.saved_pct == pytest.approx(100 * (1 - flops / base)) and r.loss_range == "in range"
+        else:
+            assert pd.isna(r.saved_pct) and r.loss_range == ("above" if loss > l0 else "below" if loss < l1 else r.loss_range)
+    assert set(table.saved_pct_cell) and "tokens_per_parameter" in table
+    capsys.readouterr()
+    run_study(path, "frontier", dry_run=True)  # resumed, every point is finished: nothing would train
+    listed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert len(listed) == 5 and all(line.startswith("[finished]") for line in listed), listed
+    assert pd.read_csv(runs / "tables" / "frontier.csv").equals(points)
+
+
+def test_a_bad_frontier_is_refused_before_anything_runs(tmp_path):
+    for frontier, message in (({"budgets": [1.0]}, "at least 2"), ({"budgets": [0.5, -1]}, "positive"),
+                              ({"budgets": [0.5, 1.0], "colour": 1}, "frontier must be a mapping"),
+                              ({"budgets": [0.5, 1.0], "small_budgets": [1.0]}, "small_budgets needs at least 2")):
+        with pytest.raises(StudyError, match=message):
+            load_study(_spec(tmp_path, frontier=frontier))
+    with pytest.raises(StudyError, match="no frontier section"):
+        run_study(_spec(tmp_path), "frontier")
+    assert not (tmp_path / "runs").exists()

@@ -135,3 +135,14 @@ def staged_schedule(cfg: RunConfig) -> list[tuple[int, int]]:
         position = int(round((position + steps) / c))
     out.append((position, cfg.train.steps - position))
     return out
+
+
+def parameter_counts(cfg: RunConfig, vocab_size: int | None = None) -> dict[str, int]:
+    """The full model's parameters, all and non-embedding (token and position embeddings left out,
+    as scaling laws count them; a head tied to the embedding is counted once), built on the meta
+    device (nothing allocated). ``vocab_size``: the data's, else the config's."""
+    model = build_model(cfg, vocab_size or cfg.data.vocab_size or None, device="meta")
+    params = {id(p): p.numel() for p in model.parameters()}
+    embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    return {"parameters": sum(params.values()),
+            "non_embedding_parameters": sum(n for i, n in params.items() if i not in embedding)}

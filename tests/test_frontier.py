@@ -1,0 +1,93 @@
+"""The saving at matched loss against an annealed frontier (mlresearch.frontier), on hand-built
+frontiers whose answers are known in closed form."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from mlresearch.frontier import Frontier, FrontierError, run_savings, spread_cell
+
+# A baseline frontier at 0.4x, 0.6x, 0.8x, 1.0x of a 1e12-FLOP budget.
+POINTS = [(0.4e12, 3.6), (0.6e12, 3.4), (0.8e12, 3.3), (1.0e12, 3.25)]
+
+
+def test_a_run_on_the_frontier_saves_nothing():
+    f = Frontier.of(POINTS)
+    for flops, loss in POINTS:
+        s = f.saving(flops, loss)
+        assert s["saved"] == pytest.approx(0.0, abs=1e-12) and s["speedup"] == pytest.approx(0.0, abs=1e-12)
+        assert s["loss_gap"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_reaching_the_06x_loss_at_05x_saves_one_sixth():
+    s = Frontier.of(POINTS).saving(0.5e12, 3.4)
+    assert s["saved"] == pytest.approx(1 / 6) and s["speedup"] == pytest.approx(0.6 / 0.5 - 1)
+    assert s["loss_range"] == "in range"
+
+
+def test_interpolation_is_linear_in_log_flops():
+    """Between two points the loss is linear in log FLOPs: the midpoint loss sits at the geometric
+    mean of the budgets (an independent computation)."""
+    f = Frontier.of([(1e12, 3.0), (4e12, 2.0)])
+    flops, _ = f.flops_to(2.5)
+    assert flops == pytest.approx(2e12)
+    assert f.loss_at(2e12)[0] == pytest.approx(2.5)
+    # and the gap at equal FLOPs is the method's loss minus that
+    assert f.saving(2e12, 2.6)["loss_gap"] == pytest.approx(0.1)
+
+
+def test_outside_the_frontier_is_reported_never_extrapolated():
+    f = Frontier.of(POINTS)
+    better = f.saving(0.9e12, 3.0)  # below the 1.0x point's loss
+    assert better["saved"] is None and better["loss_range"] == "below"
+    worse = f.saving(0.9e12, 3.9)   # above the 0.4x point's loss
+    assert worse["saved"] is None and worse["loss_range"] == "above"
+    cheap = f.saving(0.1e12, 3.5)   # spent less than the smallest budget
+    assert cheap["loss_gap"] is None and cheap["flops_range"] == "below"
+    assert cheap["saved"] == pytest.approx(1 - 0.1e12 / f.flops_to(3.5)[0])
+    assert f.saving(2e12, 3.3)["flops_range"] == "above" and f.saving(2e12, 3.3)["saved"] == pytest.approx(-1.5)
+
+
+def test_a_noisy_point_is_replaced_by_the_better_smaller_budget():
+    """A larger budget ending above a smaller one (seed noise) does not bend the frontier back up:
+    with more compute the baseline can do at least as well (train the smaller budget)."""
+    f = Frontier.of([(1e12, 3.0), (2e12, 3.1), (4e12, 2.8)])
+    assert f.loss == (3.0, 3.0, 2.8)
+    assert f.flops_to(3.0) == (1e12, "in range")
+    assert all(a >= b for a, b in zip(f.loss, f.loss[1:]))
+
+
+@pytest.mark.parametrize("points", [[(1e12, 3.0)], [(1e12, 3.0), (1e12, 2.9)], [(1e12, 3.0), (0, 2.9)],
+                                    [(1e12, float("nan")), (2e12, 2.9)]])
+def test_unreadable_frontiers_are_refused(points):
+    with pytest.raises(FrontierError):
+        Frontier.of(points)
+
+
+def _points(seed_losses: dict[int, list[float]]) -> pd.DataFrame:
+    return pd.DataFrame([{"experiment": "e", "method": "baseline", "role": "frontier", "seed": seed,
+                          "flops": flops, "val_loss": loss}
+                         for seed, losses in seed_losses.items() for (flops, _), loss in zip(POINTS, losses)])
+
+
+def test_each_run_is_read_against_its_own_seeds_frontier():
+    """Seed 1's frontier is seed 0's shifted down by 0.1: the same run (0.5e12 FLOPs, loss 3.4)
+    saves 1/6 against seed 0 and costs against seed 1; swapping seeds would swap the answers."""
+    points = _points({0: [3.6, 3.4, 3.3, 3.25], 1: [3.5, 3.3, 3.2, 3.15]})
+    points = pd.concat([points, points.assign(role="lr check", val_loss=1.0)])  # never frontier points
+    runs = pd.DataFrame([{"experiment": "e", "seed": 0, "method_total_flops": 0.5e12, "method_full_val_loss": 3.4},
+                         {"experiment": "e", "seed": 1, "method_total_flops": 0.5e12, "method_full_val_loss": 3.4},
+                         {"experiment": "other", "seed": 0, "method_total_flops": 0.5e12, "method_full_val_loss": 3.4}])
+    s = run_savings(runs, points)
+    assert s.saved_pct[0] == pytest.approx(100 / 6)
+    seed1 = Frontier.of(zip([c for c, _ in POINTS], [3.5, 3.3, 3.2, 3.15]))
+    assert s.saved_pct[1] == pytest.approx(100 * (1 - 0.5e12 / seed1.flops_to(3.4)[0])) and s.saved_pct[1] < 0
+    assert s.loss_range[2] == "no frontier" and pd.isna(s.saved_pct[2])
+
+
+def test_cells_show_spread_and_never_a_number_for_seeds_out_of_range():
+    assert spread_cell([10.0, 12.0], ["in range", "in range"]) == f"+11.0 ± {math.sqrt(2):.1f}"
+    assert spread_cell([10.0, None], ["in range", "above"]) == "+10.0 (1/2 seeds; 1 above its range)"
+    assert spread_cell([None, None], ["below", "below"]) == "- (0/2 seeds; 2 below its range)"
+    assert spread_cell([None], ["no frontier"]) == "no frontier yet"
