@@ -241,3 +241,22 @@ def test_searched_alpha_needs_a_tuning_split(tmp_path):
     with pytest.raises(ConfigError, match="the tuning split has"):
         run_method(cfg, "vcycle", tmp_path / "vc")
     assert not (tmp_path / "vc" / "metrics.jsonl").exists()  # refused before anything was written
+
+
+def test_the_small_phase_can_keep_its_lr_flat_while_the_rest_decays(tmp_path):
+    """``vcycle.small_schedule: constant``: the small phase warms up and then holds its peak LR to
+    its last step (it is about to be grown, so it is not annealed); the other phases still decay to
+    zero at their ends; an unknown shape is one config error; the run directory says the variant."""
+    cfg = smoke("gpt2", "vcycle.small_schedule=constant", "vcycle.small_steps=4", "vcycle.small_warmup=1",
+                "train.log_every=1")
+    run_method(cfg, "vcycle", tmp_path / "vc")
+    rows = [r for r in read_metrics(tmp_path / "vc") if "lr" in r and "event" not in r]
+    small = [r for r in rows if r["phase"] == "small"]
+    peak = cfg.vcycle.lr[1] if cfg.vcycle.lr else cfg.train.lr
+    assert small and all(r["lr"] == pytest.approx(peak) for r in small if r["step"] >= 1)
+    assert [r for r in rows if r["phase"] == "up1"][-1]["lr"] == 0.0
+    from mlresearch.training.vcycle import default_out
+
+    assert default_out(cfg, "vcycle", tmp_path).name.endswith("-small_constant-seed0")
+    with pytest.raises(ConfigError, match="small_schedule must be linear, cosine or constant"):
+        build_plan(smoke("gpt2", "vcycle.small_schedule=flat"), "vcycle")

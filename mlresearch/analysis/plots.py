@@ -57,3 +57,49 @@ def save(fig, path: str | Path, close: bool = True) -> Path:
     if close:
         plt.close(fig)
     return path
+
+
+def variant_label(row) -> str:
+    """A variant's readable name in a legend: its method and the choices that set it apart."""
+    parts = [str(row.method)]
+    for key, fmt in (("levels", "{}L"), ("scheme", "{}"), ("alpha", "alpha {}"), ("optimizer", "optimizer {}"),
+                     ("budget", "{}")):
+        value = getattr(row, key, "-")
+        if value is not None and not pd.isna(value) and value != "-" and not (key == "levels" and value == 2):
+            parts.append(fmt.format(int(value) if key == "levels" else value))
+    return ", ".join(parts)
+
+
+def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str):
+    """The figure that answers the question: validation loss against training FLOPs, with the
+    baseline's and the small shape's annealed frontiers (mean over seeds, the band their range) and
+    each method's end point (mean, with its seed spread in FLOPs and loss as error bars).
+    ``points``: ``frontier.csv`` rows; ``runs``: :func:`mlresearch.study.collect` rows."""
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    mine = points[(points.experiment == experiment) & (points.role == "frontier")]
+    for method, colour, name in (("baseline", "black", "baseline (full shape), annealed at each budget"),
+                                 ("small", "grey", "small shape alone, annealed at each budget")):
+        part = mine[mine.method == method]
+        if part.empty:
+            continue
+        g = part.groupby("budget").agg(flops=("flops", "mean"), loss=("val_loss", "mean"), lo=("val_loss", "min"),
+                                       hi=("val_loss", "max"), seeds=("seed", "nunique")).sort_index()
+        ax.plot(g.flops, g.loss, "-o", color=colour, lw=2, ms=4, label=f"{name} ({int(g.seeds.min())} seeds)")
+        ax.fill_between(g.flops, g.lo, g.hi, color=colour, alpha=0.15, lw=0)
+    rows = runs[runs.experiment == experiment]
+    keys = ["method", "levels", "scheme", "alpha", "optimizer", "budget"]
+    markers = {"vcycle": "o", "stack": "s", "staged": "D", "small": "v"}
+    for i, (key, part) in enumerate(rows.groupby(keys, dropna=False)):
+        row = part.iloc[0]
+        ax.errorbar(part.method_total_flops.mean(), part.method_full_val_loss.mean(),
+                    xerr=part.method_total_flops.std() if len(part) > 1 else None,
+                    yerr=part.method_full_val_loss.std() if len(part) > 1 else None,
+                    fmt=markers.get(row.method, "^"), color=f"C{i % 10}", ms=6, capsize=3,
+                    label=f"{variant_label(row)} ({len(part)} seed{'s' * (len(part) > 1)})")
+    ax.set_xscale("log")
+    ax.set(xlabel="training FLOPs (log)", ylabel="final validation loss (full split)",
+           title=f"{experiment}: each method's end point against the annealed frontiers (error bars: sd over seeds)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig

@@ -97,6 +97,7 @@ class VCycleConfig:
     lr: list | None = None  # peak LR per level 1..K (default: train.lr at every level)
     down_warmup: list | None = None  # warm-up steps of each E_a phase (default: the whole phase)
     small_warmup: int = 0
+    small_schedule: str | None = None  # the small phase's LR shape (linear | cosine | constant); default train.schedule
     up_warmup: list | None = None
     tag: str = ""  # names a budget/LR variant: the run directory gets "-<tag>" (tuning runs)
     up_path: str = "copy"  # copy: depth de-coalescing copies layers (the paper); identity: new layers start as identity
@@ -409,6 +410,9 @@ def _validate_vcycle(cfg: RunConfig) -> None:
     _positive(v.small_warmup, "vcycle.small_warmup", zero_ok=True)
     if v.small_warmup > v.small_steps:
         raise ConfigError(f"vcycle.small_warmup {v.small_warmup} exceeds vcycle.small_steps {v.small_steps}")
+    if v.small_schedule not in (None, "linear", "cosine", "constant"):
+        raise ConfigError(f"vcycle.small_schedule must be linear, cosine or constant (or unset: train.schedule), "
+                          f"got {v.small_schedule!r}")
     if v.down_warmup and any(w > s for w, s in zip(v.down_warmup, v.down_steps)):
         raise ConfigError("vcycle.down_warmup exceeds its phase's down_steps")
     if v.up_warmup and any(w > s for w, s in zip(v.up_warmup, v.up_steps)):

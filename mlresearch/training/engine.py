@@ -56,9 +56,10 @@ class Phase:
     start: int = 0
     rewarmup: int = 0
     trigger: float | None = None
+    kind: str | None = None  # this phase's schedule shape when it is not the run's (train.schedule)
 
     def schedule(self, kind: str, floor: float):
-        base = WarmupDecay(self.warmup, self.horizon or self.steps, kind, floor)
+        base = WarmupDecay(self.warmup, self.horizon or self.steps, self.kind or kind, floor)
         if not self.start and not self.rewarmup:
             return base
         return Offset(Restart(base, self.start, self.rewarmup), self.start)

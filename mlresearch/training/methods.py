@@ -45,6 +45,7 @@ class Train:
     trigger: float | None = None  # end early when the loss curve's log-log slope rises above this
     reenter: float | None = None  # start at (where the previous phase ended) / reenter, not at ``start``
     to_end: bool = False  # with ``reenter``: run to the end of the ``horizon``, not ``steps``
+    kind: str | None = None  # the LR schedule's shape (linear | cosine | constant); default train.schedule
 
     def placed(self, position: int) -> "Train":
         """This phase after a previous one ended at schedule ``position`` (the plan's ``start`` and
@@ -174,7 +175,7 @@ def execute(run, plan: Plan) -> torch.nn.Module:
         if isinstance(item, Train):
             item = item.placed(state.position)
             phase = Phase(item.name, item.level, item.steps, item.lr, item.warmup, item.horizon, item.start,
-                          item.rewarmup, item.trigger)
+                          item.rewarmup, item.trigger, item.kind)
             state.model, state.optimizer = run.train(state.model, state.optimizer, phase)
             state.position = item.start + run.phases[-1]["steps"]
         else:
@@ -424,12 +425,13 @@ def _describe_vcycle(config: dict) -> dict:
     alpha = str(v["alpha"]) + (f" up {v['up_path']}" if v.get("up_path", "copy") != "copy" else "") + \
         (f" tie {v['tie_break']}" if v.get("tie_break") else "")
     return {"levels": v["levels"], "scheme": v["scheme"], "alpha": alpha, "optimizer": v["optimizer"],
-            "budget": v.get("tag") or "preset"}
+            "budget": (v.get("tag") or "preset") + (f", small LR {v['small_schedule']}" if v.get("small_schedule") else "")}
 
 
 def _vcycle_name(cfg: RunConfig) -> str:
     v = cfg.vcycle
-    variant = ("-up_identity" if v.up_path == "identity" else "") + (f"-tie{v.tie_break}" if v.tie_break else "")
+    variant = ("-up_identity" if v.up_path == "identity" else "") + (f"-tie{v.tie_break}" if v.tie_break else "") + \
+        (f"-small_{v.small_schedule}" if v.small_schedule else "")
     return f"vcycle-L{v.levels}-{name_part(v.scheme)}-a{v.alpha}-{v.optimizer}{variant}" + (f"-{v.tag}" if v.tag else "")
 
 
@@ -459,7 +461,7 @@ def vcycle(cfg: RunConfig) -> Plan:
             warm = v.down_warmup[k - 1] if v.down_warmup else v.down_steps[k - 1]
             plan.append(Train(f"down{k}", k, v.down_steps[k - 1], lrs[k - 1], warm))
         plan += [Step("keep_partner", k), Step("choose_scheme", k), Step("coalesce", k, carry)]
-    plan.append(Train("small", K, v.small_steps, lrs[K - 1], v.small_warmup))
+    plan.append(Train("small", K, v.small_steps, lrs[K - 1], v.small_warmup, kind=v.small_schedule))
     up = carry + (("path", v.up_path),) + ((("tie_break", v.tie_break),) if v.tie_break else ())
     for k in range(K - 1, 0, -1):
         i = K - 1 - k
