@@ -260,3 +260,30 @@ def test_the_small_phase_can_keep_its_lr_flat_while_the_rest_decays(tmp_path):
     assert default_out(cfg, "vcycle", tmp_path).name.endswith("-small_constant-seed0")
     with pytest.raises(ConfigError, match="small_schedule must be linear, cosine or constant"):
         build_plan(smoke("gpt2", "vcycle.small_schedule=flat"), "vcycle")
+
+
+def test_an_external_partner_replays_the_public_example_and_is_checked_before_training(tmp_path):
+    """``vcycle.partner``: level 1 merges with that saved model instead of M1 after E_a (what the public
+    example script does with the fully trained baseline): the merge event's partner loss is the saved
+    model's own final validation loss; a partner of another shape, or none there, is one config error
+    before the run directory exists; the run directory says the partner is external."""
+    base = run_method(smoke("gpt2"), "baseline", tmp_path / "base")
+    assert (tmp_path / "base" / "final_model" / "config.json").is_file()
+    cfg = smoke("gpt2", f"vcycle.partner={tmp_path}/base/final_model")
+    run_method(cfg, "vcycle", tmp_path / "vc")
+    merged = [r for r in read_metrics(tmp_path / "vc") if r.get("event") == "interpolated"]
+    assert len(merged) == 1 and merged[0]["partner_val_loss"] == pytest.approx(
+        [r for r in read_metrics(tmp_path / "base") if "val_loss" in r and "event" not in r][-1]["val_loss"], abs=1e-6)
+    assert base["kind"] == "baseline"
+    from mlresearch.training.vcycle import default_out
+
+    assert default_out(cfg, "vcycle", tmp_path).name.endswith("-external_partner-seed0")
+    # "{seed}" is the run's seed
+    assert build_plan(smoke("gpt2", "vcycle.partner=m/seed{seed}", "seed=3"), "vcycle")[2].option("external") == "m/seed3"
+    wide = run_method(smoke("gpt2", "model.hidden=64"), "baseline", tmp_path / "wide")
+    assert wide["kind"] == "baseline"
+    for partner, message in ((tmp_path / "wide" / "final_model", "not a gpt2 model of the config's shape"),
+                             (tmp_path / "nothing", "no saved model there")):
+        with pytest.raises(ConfigError, match=message):
+            run_method(smoke("gpt2", f"vcycle.partner={partner}"), "vcycle", tmp_path / "refused")
+        assert not (tmp_path / "refused").exists()

@@ -75,7 +75,8 @@ def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str):
     baseline's and the small shape's annealed frontiers (mean over seeds, the band their range) and
     each method's end point (mean, with its seed spread in FLOPs and loss as error bars).
     ``points``: ``frontier.csv`` rows; ``runs``: :func:`mlresearch.study.collect` rows."""
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(13, 6))
+    colours = plt.get_cmap("tab20").colors
     mine = points[(points.experiment == experiment) & (points.role == "frontier")]
     for method, colour, name in (("baseline", "black", "baseline (full shape), annealed at each budget"),
                                  ("small", "grey", "small shape alone, annealed at each budget")):
@@ -94,11 +95,11 @@ def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str):
         ax.errorbar(part.method_total_flops.mean(), part.method_full_val_loss.mean(),
                     xerr=part.method_total_flops.std() if len(part) > 1 else None,
                     yerr=part.method_full_val_loss.std() if len(part) > 1 else None,
-                    fmt=markers.get(row.method, "^"), color=f"C{i % 10}", ms=6, capsize=3,
+                    fmt=markers.get(row.method, "^"), color=colours[i % len(colours)], ms=6, capsize=3,
                     label=f"{variant_label(row)} ({len(part)} seed{'s' * (len(part) > 1)})")
     ax.set_xscale("log")
     ax.set(xlabel="training FLOPs (log)", ylabel="final validation loss (full split)",
-           title=f"{experiment}: each method's end point against the annealed frontiers (error bars: sd over seeds)")
+           title=f"{experiment}: end points against the annealed frontiers\n(band: range over seeds; error bars: sd)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()

@@ -102,6 +102,9 @@ class VCycleConfig:
     tag: str = ""  # names a budget/LR variant: the run directory gets "-<tag>" (tuning runs)
     up_path: str = "copy"  # copy: depth de-coalescing copies layers (the paper); identity: new layers start as identity
     tie_break: float = 0.0  # noise (x each tensor's std) added to the de-coalesced model, to break duplicate units
+    # A saved model ("{seed}" is the run's seed) merged with at level 1 instead of M1 after E_a: what the public
+    # example script does (it merges with the fully trained baseline), to measure that leak; never the method.
+    partner: str = ""
 
 
 @dataclass
@@ -410,6 +413,8 @@ def _validate_vcycle(cfg: RunConfig) -> None:
     _positive(v.small_warmup, "vcycle.small_warmup", zero_ok=True)
     if v.small_warmup > v.small_steps:
         raise ConfigError(f"vcycle.small_warmup {v.small_warmup} exceeds vcycle.small_steps {v.small_steps}")
+    if not isinstance(v.partner, str):
+        raise ConfigError(f"vcycle.partner must be a model directory (or empty), got {v.partner!r}")
     if v.small_schedule not in (None, "linear", "cosine", "constant"):
         raise ConfigError(f"vcycle.small_schedule must be linear, cosine or constant (or unset: train.schedule), "
                           f"got {v.small_schedule!r}")

@@ -22,11 +22,12 @@ from typing import Any, Callable
 
 import torch
 
+from ..families import FAMILIES
 from ..operators import (coalesce, coalesce_state, decoalesce, decoalesce_preserving, decoalesce_state,
                          interpolate, norm_ratios, stack_layers)
 from ..tasks import task_of
 from .config import ConfigError, RunConfig
-from .models import level_sizes
+from .models import level_sizes, model_sizes
 
 
 @dataclass(frozen=True)
@@ -191,12 +192,31 @@ def new_model(run, state: State, step: Step) -> None:
     state.model, state.optimizer = run.new_model(step.level, step.option("sizes")), None
 
 
-@transition("keep_partner")
-def keep_partner(run, state: State, step: Step) -> None:
-    """Keep M_k as it is now: the interpolation partner when the cycle comes back up."""
-    from ..checkpoint import save_model
+def _check_external_partner(cfg: RunConfig, step: Step, data) -> None:
+    """``vcycle.partner`` names a saved model of the config's own family and shape (one of another
+    shape cannot be interpolated with M1), checked before anything is written."""
+    from ..checkpoint import load_model
 
-    state.partners[step.level] = copy.deepcopy(state.model)
+    path = step.option("external", "")
+    if not path:
+        return
+    if not (Path(path) / "config.json").is_file():
+        raise ConfigError(f"vcycle.partner {path}: no saved model there (train the run it names, keeping its "
+                          "final model, first)")
+    model, family = load_model(path), FAMILIES[cfg.model.family]
+    if not family.matches(model) or family.sizes(model) != model_sizes(cfg):
+        raise ConfigError(f"vcycle.partner {path} is not a {cfg.model.family} model of the config's shape "
+                          f"{model_sizes(cfg)}")
+
+
+@transition("keep_partner", check=_check_external_partner)
+def keep_partner(run, state: State, step: Step) -> None:
+    """Keep M_k as it is now: the interpolation partner when the cycle comes back up (at level 1
+    with ``vcycle.partner``: that saved model instead, the public example script's leak)."""
+    from ..checkpoint import load_model, save_model
+
+    external = step.option("external", "")
+    state.partners[step.level] = load_model(external) if external else copy.deepcopy(state.model)
     if run.accelerator.is_main_process:
         save_model(state.partners[step.level], run.ckpt / f"partner{step.level}", overwrite=True)
 
@@ -425,13 +445,14 @@ def _describe_vcycle(config: dict) -> dict:
     alpha = str(v["alpha"]) + (f" up {v['up_path']}" if v.get("up_path", "copy") != "copy" else "") + \
         (f" tie {v['tie_break']}" if v.get("tie_break") else "")
     return {"levels": v["levels"], "scheme": v["scheme"], "alpha": alpha, "optimizer": v["optimizer"],
-            "budget": (v.get("tag") or "preset") + (f", small LR {v['small_schedule']}" if v.get("small_schedule") else "")}
+            "budget": (v.get("tag") or "preset") + (f", small LR {v['small_schedule']}" if v.get("small_schedule") else "")
+            + (", partner: a saved model (leak)" if v.get("partner") else "")}
 
 
 def _vcycle_name(cfg: RunConfig) -> str:
     v = cfg.vcycle
     variant = ("-up_identity" if v.up_path == "identity" else "") + (f"-tie{v.tie_break}" if v.tie_break else "") + \
-        (f"-small_{v.small_schedule}" if v.small_schedule else "")
+        (f"-small_{v.small_schedule}" if v.small_schedule else "") + ("-external_partner" if v.partner else "")
     return f"vcycle-L{v.levels}-{name_part(v.scheme)}-a{v.alpha}-{v.optimizer}{variant}" + (f"-{v.tag}" if v.tag else "")
 
 
@@ -460,7 +481,8 @@ def vcycle(cfg: RunConfig) -> Plan:
         if v.down_steps[k - 1] > 0:
             warm = v.down_warmup[k - 1] if v.down_warmup else v.down_steps[k - 1]
             plan.append(Train(f"down{k}", k, v.down_steps[k - 1], lrs[k - 1], warm))
-        plan += [Step("keep_partner", k), Step("choose_scheme", k), Step("coalesce", k, carry)]
+        external = (("external", v.partner.format(seed=cfg.seed)),) if v.partner and k == 1 else ()
+        plan += [Step("keep_partner", k, external), Step("choose_scheme", k), Step("coalesce", k, carry)]
     plan.append(Train("small", K, v.small_steps, lrs[K - 1], v.small_warmup, kind=v.small_schedule))
     up = carry + (("path", v.up_path),) + ((("tie_break", v.tie_break),) if v.tie_break else ())
     for k in range(K - 1, 0, -1):
