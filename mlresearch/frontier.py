@@ -32,7 +32,9 @@ import pandas as pd
 
 from .checkpoint import read_structured
 from .errors import MLResearchError
+from .training.config import load_config
 from .training.engine import read_metrics
+from .training.models import parameter_counts
 
 
 class FrontierError(MLResearchError, ValueError):
@@ -47,12 +49,16 @@ def frontier_row(run: str | Path, root: str | Path, budget: float) -> dict:
     summary = read_structured(run / "summary.json", "run summary", FrontierError)
     provenance = json.loads((run / "provenance.json").read_text())
     evals = [r for r in read_metrics(run) if "val_loss" in r and "event" not in r]
+    tokens = evals[-1].get("tokens") if evals else None
+    params = parameter_counts(load_config(run / "config.yaml"))  # the full model's, also for the small shape's runs
     return {"experiment": config["experiment"], "method": summary["kind"], "seed": config["seed"],
             "budget": budget, "lr": config["train"]["lr"], "warmup": config["train"]["warmup"],
             "steps": config["train"]["steps"], "schedule": config["train"]["schedule"],
             "flops": float(summary["flops_total"]), "val_loss": float(summary["final_full_val"]["val_loss"]),
             "tune_loss": (summary.get("final_tune") or {}).get("tune_loss"),
-            "tokens": evals[-1].get("tokens") if evals else None,
+            "tokens": tokens, "full_model_parameters": params["parameters"],
+            "full_model_non_embedding_parameters": params["non_embedding_parameters"],
+            "tokens_per_parameter": None if tokens is None else tokens / params["parameters"],
             "run": str(run.resolve().relative_to(Path(root).resolve())),
             "copied_from": provenance.get("copied_from"), "git_commit": provenance.get("git_commit")}
 
