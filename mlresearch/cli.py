@@ -196,7 +196,7 @@ def _cmd_new(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from .training.config import load_config
     from .training.methods import build_plan, format_plan
-    from .training.vcycle import config_differences, default_out, run_baseline, run_method
+    from .training.run import config_differences, default_out, run_method
 
     cfg = load_config(args.config, args.set)
     kind = {"train": "baseline", "vcycle": "vcycle"}.get(args.command) or args.method
@@ -220,7 +220,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if (base_out / "summary.json").exists() and not config_differences(base_out, cfg, "baseline"):
             print(f"baseline: reusing {base_out} (finished, same config)")
         else:
-            _print_summary(run_baseline(cfg, base_out, resume=base_out.exists()))
+            _print_summary(run_method(cfg, "baseline", base_out, resume=base_out.exists()))
     if finished is not None:  # the same run, finished: report it rather than fail or train it again
         print(f"{args.command}: reusing {out} (finished, same config; --overwrite trains it again)")
         _print_summary(finished)

@@ -42,7 +42,7 @@ from .checkpoint import atomic_write_text, read_structured
 from .errors import MLResearchError
 from .results import REPO, provenance
 from .training.config import load_config
-from .training.vcycle import config_differences, default_out
+from .training.run import config_differences, default_out
 
 
 class StudyError(MLResearchError, ValueError):
@@ -199,7 +199,7 @@ class Study:
     """One study spec, run: ``tune()``, then ``all_runs()``, then ``report()``."""
 
     def __init__(self, path: str | Path, dry_run: bool = False):
-        from .training.vcycle import runs_root
+        from .training.run import runs_root
 
         self.spec = load_study(path)
         name = self.spec["config"]

@@ -10,7 +10,7 @@ from conftest import smoke
 
 from mlresearch.cli import main
 from mlresearch.training.engine import read_metrics
-from mlresearch.training.vcycle import run_vcycle
+from mlresearch.training.run import run_method
 
 pytestmark = pytest.mark.usefixtures("isolated_data_cache")
 
@@ -80,7 +80,7 @@ def test_check_refuses_a_config_that_disagrees_with_the_weights(tmp_path, capsys
 @pytest.mark.parametrize("family", sorted(NEW))
 def test_new_families_run_the_vcycle(tmp_path, family):
     cfg = smoke("llama", f"model.family={family}", *NEW[family][1])
-    summary = run_vcycle(cfg, tmp_path / "vc")
+    summary = run_method(cfg, "vcycle", tmp_path / "vc")
     rows = read_metrics(tmp_path / "vc")
     assert [r["phase"] for r in rows if r.get("event") == "phase_end"] == ["down1", "small", "up1"]
     assert summary["final_full_val"]["val_loss"] < rows[0]["train_loss"]  # it learned

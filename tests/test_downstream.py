@@ -17,7 +17,7 @@ from mlresearch.data.datasets import DataError, text_split
 from mlresearch.downstream import DownstreamConfig, bbc_topic_accuracy, evaluate_run, zero_shot_perplexity
 from mlresearch.training.compare import compare_runs
 from mlresearch.training.config import ConfigError
-from mlresearch.training.vcycle import default_out, run_baseline
+from mlresearch.training.run import default_out, run_method
 
 pytestmark = pytest.mark.usefixtures("isolated_data_cache")
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("isolated_data_cache")
 @pytest.fixture(scope="module")
 def gpt2_run(isolated_data_cache, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "gpt2"
-    run_baseline(smoke("gpt2"), out)
+    run_method(smoke("gpt2"), "baseline", out)
     return out
 
 
@@ -57,7 +57,7 @@ def test_zero_shot_text_must_be_unseen(gpt2_run):
 
 def test_bbc_fine_tuning_classifies_only_articles_held_out_of_pretraining(tmp_path):
     cfg = smoke("bert")
-    run_baseline(cfg, tmp_path / "bert")
+    run_method(cfg, "baseline", tmp_path / "bert")
     dc = DownstreamConfig(finetune_steps=4, finetune_batch=8, finetune_warmup=2, threads=2)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -92,7 +92,7 @@ def test_downstream_noise_refits_with_the_recorded_recipe_and_resumes(tmp_path, 
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     run, out = tmp_path / "bert", tmp_path / "noise.csv"
-    run_baseline(smoke("bert"), run)
+    run_method(smoke("bert"), "baseline", run)
     monkeypatch.setattr(sys, "argv", ["downstream_noise.py", str(run), "--seeds", "2", "--out", str(out)])
     with pytest.raises(SystemExit, match="no downstream.json"):
         script.main()
@@ -124,13 +124,13 @@ def test_tag_names_the_run_directory_and_bad_tags_are_refused():
 
 def test_resuming_with_another_config_is_refused(gpt2_run, tmp_path):
     with pytest.raises(ConfigError, match="train.lr"):
-        run_baseline(smoke("gpt2", "train.lr=0.01"), gpt2_run, resume=True)
+        run_method(smoke("gpt2", "train.lr=0.01"), "baseline", gpt2_run, resume=True)
 
 
 def test_settings_added_after_a_run_count_as_their_defaults(tmp_path):
     import yaml
 
-    from mlresearch.training.vcycle import config_differences
+    from mlresearch.training.run import config_differences
 
     stored = smoke("gpt2").to_dict()
     del stored["train"]["keep_snapshots"], stored["vcycle"]["tag"]  # as written before these settings existed

@@ -23,7 +23,7 @@ from conftest import smoke
 from mlresearch.checkpoint import load_model, load_state
 from mlresearch.training import engine
 from mlresearch.training.engine import TrainingDiverged, read_metrics
-from mlresearch.training.vcycle import run_baseline
+from mlresearch.training.run import run_method
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = str(REPO / "experiments" / "configs" / "gpt2_smoke.yaml")
@@ -105,7 +105,7 @@ def test_a_row_cut_off_by_a_kill_is_dropped_on_resume(tmp_path, uninterrupted):
 
 
 def test_a_second_writer_is_refused(tmp_path):
-    from mlresearch.training.vcycle import _lock
+    from mlresearch.training.run import _lock
 
     out = tmp_path / "run"
     held = _lock(out)  # as a running process holds it
@@ -174,7 +174,7 @@ def test_a_checkpoint_write_that_fails_midway_keeps_the_previous_one(tmp_path, m
 
     monkeypatch.setattr(engine, "save_state", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        run_baseline(smoke("gpt2", "vcycle=null"), tmp_path / "run")
+        run_method(smoke("gpt2", "vcycle=null"), "baseline", tmp_path / "run")
     ckpt = tmp_path / "run" / "checkpoints" / "baseline"
     assert load_state(ckpt)["step"] == 4
     assert all(torch.isfinite(p).all() for p in load_model(ckpt / "model").parameters())
@@ -217,7 +217,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, 
     poison_loss(monkeypatch, 7)  # the 7th step's loss
     with pytest.raises(TrainingDiverged, match=r"loss is nan in phase baseline at step 7.*checkpoints/baseline "
                                                r"\(step 4\)"):
-        run_baseline(smoke("gpt2"), tmp_path / "run")
+        run_method(smoke("gpt2"), "baseline", tmp_path / "run")
     assert load_state(tmp_path / "run" / "checkpoints" / "baseline")["step"] == 4
     assert max(r["step"] for r in read_metrics(tmp_path / "run")) == 6
     assert not (tmp_path / "run" / "summary.json").exists()
@@ -227,7 +227,7 @@ def test_a_nan_between_logged_steps_is_reported_at_its_own_step(tmp_path, monkey
     calls = poison_loss(monkeypatch, 7)
     cfg = smoke("gpt2", "vcycle=null", "train.log_every=5", "train.checkpoint_every=5", "train.eval_every=12")
     with pytest.raises(TrainingDiverged, match=r"loss is nan in phase baseline at step 7; .*\(step 5\)"):
-        run_baseline(cfg, tmp_path / "run")
+        run_method(cfg, "baseline", tmp_path / "run")
     assert calls["n"] == 10  # found when step 10 synchronised with the host, not before
 
 
@@ -248,7 +248,7 @@ def test_nonfinite_weights_are_never_checkpointed(tmp_path, monkeypatch):
 
     monkeypatch.setattr(engine, "new_optimizer", breaking_optimizer)
     with pytest.raises(TrainingDiverged, match=r"not finite in phase baseline after step 8.*\(step 4\)"):
-        run_baseline(smoke("gpt2"), tmp_path / "run")
+        run_method(smoke("gpt2"), "baseline", tmp_path / "run")
     ckpt = tmp_path / "run" / "checkpoints" / "baseline"
     assert load_state(ckpt)["step"] == 4  # the named checkpoint is the last finite one
     assert all(torch.isfinite(p).all() for p in load_model(ckpt / "model").parameters())
@@ -264,7 +264,7 @@ def test_run_names_cannot_leave_the_root(tmp_path, setting):
 
 
 def test_a_scheme_path_gives_a_flat_run_name(tmp_path):
-    from mlresearch.training.vcycle import default_out
+    from mlresearch.training.run import default_out
 
     cfg = smoke("gpt2")
     cfg.vcycle.scheme = "../schemes/my scheme.json"

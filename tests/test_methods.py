@@ -13,7 +13,7 @@ from mlresearch.training.config import ConfigError
 from mlresearch.training.engine import read_metrics
 from mlresearch.training.methods import METHODS, Step, Train, build_plan, planned_ledger
 from mlresearch.training.models import level_sizes
-from mlresearch.training.vcycle import run_method
+from mlresearch.training.run import run_method
 
 pytestmark = pytest.mark.usefixtures("isolated_data_cache")
 
@@ -255,7 +255,7 @@ def test_the_small_phase_can_keep_its_lr_flat_while_the_rest_decays(tmp_path):
     peak = cfg.vcycle.lr[1] if cfg.vcycle.lr else cfg.train.lr
     assert small and all(r["lr"] == pytest.approx(peak) for r in small if r["step"] >= 1)
     assert [r for r in rows if r["phase"] == "up1"][-1]["lr"] == 0.0
-    from mlresearch.training.vcycle import default_out
+    from mlresearch.training.run import default_out
 
     assert default_out(cfg, "vcycle", tmp_path).name.endswith("-small_constant-seed0")
     with pytest.raises(ConfigError, match="small_schedule must be linear, cosine or constant"):
@@ -275,7 +275,7 @@ def test_an_external_partner_replays_the_public_example_and_is_checked_before_tr
     assert len(merged) == 1 and merged[0]["partner_val_loss"] == pytest.approx(
         [r for r in read_metrics(tmp_path / "base") if "val_loss" in r and "event" not in r][-1]["val_loss"], abs=1e-6)
     assert base["kind"] == "baseline"
-    from mlresearch.training.vcycle import default_out
+    from mlresearch.training.run import default_out
 
     assert default_out(cfg, "vcycle", tmp_path).name.endswith("-external_partner-seed0")
     # "{seed}" is the run's seed

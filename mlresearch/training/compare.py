@@ -117,44 +117,46 @@ def _finished(run: Path, role: str) -> dict:
     return summary
 
 
-def check_comparable(baseline_dir: str | Path, vcycle_dir: str | Path) -> str:
+def check_comparable(baseline: str | Path, method: str | Path) -> str:
     """Refuse pairs whose saving would mean nothing: unfinished runs, arguments in the wrong order,
     runs of different experiments or seeds."""
-    base, other = _finished(Path(baseline_dir), "baseline"), _finished(Path(vcycle_dir), "compared")
+    method_dir = method
+    base, other = _finished(Path(baseline), "baseline"), _finished(Path(method_dir), "compared")
     if base.get("kind") != "baseline":
         hint = " (the arguments are in the wrong order?)" if other.get("kind") == "baseline" else ""
-        raise CompareError(f"the first run must be a baseline; {baseline_dir} is a {base.get('kind')!r} run{hint}")
+        raise CompareError(f"the first run must be a baseline; {baseline} is a {base.get('kind')!r} run{hint}")
     if other.get("kind") == "baseline":
-        raise CompareError(f"{vcycle_dir} is a baseline too; compare a method's run against its baseline")
+        raise CompareError(f"{method_dir} is a baseline too; compare a method's run against its baseline")
     for key in ("experiment", "seed"):
         if base.get(key) != other.get(key):
             raise CompareError(f"the runs differ in {key} ({base.get(key)!r} vs {other.get(key)!r}): a saving is "
                                "measured against the baseline of the same experiment and seed")
-    differs = first_difference(measured_settings(Path(baseline_dir)), measured_settings(Path(vcycle_dir))) or \
+    differs = first_difference(measured_settings(Path(baseline)), measured_settings(Path(method_dir))) or \
         first_difference({f"data as trained: {k}": v for k, v in (base.get("data") or {}).items()},
                          {f"data as trained: {k}": v for k, v in (other.get("data") or {}).items()})
     if differs:
-        raise CompareError(f"{baseline_dir} and {vcycle_dir} measure different things: they differ in {differs}; a "
+        raise CompareError(f"{baseline} and {method_dir} measure different things: they differ in {differs}; a "
                            "saving is read only against a baseline of the same data, task and model")
-    return other.get("kind") or "vcycle"  # the compared run's method
+    return other.get("kind") or "vcycle"  # the compared run's method (runs before summaries named it: V-cycles)
 
 
-def compare_runs(baseline_dir: str | Path, vcycle_dir: str | Path) -> dict:
-    method = check_comparable(baseline_dir, vcycle_dir)
-    base, vc = read_metrics(baseline_dir), read_metrics(vcycle_dir)
-    check_finite(base, baseline_dir)
-    check_finite(vc, vcycle_dir)
+def compare_runs(baseline: str | Path, method: str | Path) -> dict:
+    """A method's run (its directory) against the baseline run of its seed."""
+    kind, method_dir = check_comparable(baseline, method), method
+    base, vc = read_metrics(baseline), read_metrics(method_dir)
+    check_finite(base, baseline)
+    check_finite(vc, method_dir)
     base_evals = _evals(base)
     if not base_evals:
-        raise CompareError(f"{baseline_dir}/metrics.jsonl has no validation rows: nothing to compare against")
+        raise CompareError(f"{baseline}/metrics.jsonl has no validation rows: nothing to compare against")
     target = base_evals[-1]["val_loss"]
     if not _evals(vc):
-        raise CompareError(f"{vcycle_dir}/metrics.jsonl has no validation rows: nothing to compare")
+        raise CompareError(f"{method_dir}/metrics.jsonl has no validation rows: nothing to compare")
     final_phase = [r for r in vc if "event" not in r][-1]["phase"]
     b, v = reach(base, target), reach(vc, target, final_phase)
     vc_last = _evals(vc, final_phase)[-1]
     out = {
-        "method": method, "target_val_loss": target,
+        "method": kind, "target_val_loss": target,
         "baseline_flops": b["flops"], "baseline_wall": b["wall"], "baseline_total_flops": base_evals[-1]["flops"],
         "baseline_tokens": b.get("tokens"), "method_total_tokens": vc_last.get("tokens"),
         "method_final_val_loss": vc_last["val_loss"],

@@ -54,20 +54,3 @@ def peak_flops(device, configured_tflops: float | None = None) -> float | None:
             if key in name:
                 return tflops * 1e12
     return None
-
-
-def planned_ledger(cfg) -> dict:
-    """FLOPs the config plans to spend: the baseline's and, with a vcycle section, the V-cycle's per
-    phase; read off the methods' plans (:func:`mlresearch.training.methods.planned_ledger`)."""
-    from .methods import planned_ledger as method_ledger
-
-    base = method_ledger(cfg, "baseline")
-    out = {"per_example": [base["phases"][0]["flops"] / base["phases"][0]["examples"]], "baseline": base["flops"]}
-    if cfg.vcycle:
-        vc = method_ledger(cfg, "vcycle")
-        per_level = {p["level"]: p["flops"] / p["examples"] for p in vc["phases"]}
-        out["per_example"] = [per_level.get(k, 0.0) for k in range(1, cfg.vcycle.levels + 1)]
-        out["vcycle_phases"] = {p["phase"]: p["flops"] for p in vc["phases"]}
-        out["vcycle"] = vc["flops"]
-        out["planned_saving_pct"] = 100 * (1 - out["vcycle"] / out["baseline"])
-    return out

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
 
 CONSTANT_OP = {"width": 1.776, "depth": 1.412, "depth_width": 2.455}
 
@@ -74,8 +73,3 @@ def restart_step(small_steps: int, constant_op: float | str) -> int:
     """S_r = S_small / constant_op (the large model's step at the same loss)."""
     c = CONSTANT_OP[constant_op] if isinstance(constant_op, str) else float(constant_op)
     return int(round(small_steps / c))
-
-
-def restarted_scheduler(optimizer, base: WarmupDecay, restart_at: int, rewarmup: int):
-    """A LambdaLR whose first step is global step ``restart_at`` of ``Restart(base, ...)``."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, Offset(Restart(base, restart_at, rewarmup), restart_at))

@@ -234,14 +234,6 @@ def run_method(cfg: RunConfig, method: str, out: Path | None = None, resume: boo
         return run.finish(execute(run, plan), method)
 
 
-def run_baseline(cfg: RunConfig, out: Path | None = None, resume: bool = False, overwrite: bool = False) -> dict:
-    return run_method(cfg, "baseline", out, resume, overwrite)
-
-
-def run_vcycle(cfg: RunConfig, out: Path | None = None, resume: bool = False, overwrite: bool = False) -> dict:
-    return run_method(cfg, "vcycle", out, resume, overwrite)
-
-
 def _lock(out: Path):
     """Hold ``out/.lock`` for this process (released when it exits, however it exits)."""
     out.mkdir(parents=True, exist_ok=True)
