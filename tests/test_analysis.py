@@ -10,6 +10,7 @@ from models import FACTORIES, example_input, outputs, randomize
 
 from mlresearch.analysis import MinibatchCKA, capture, head_similarity, layer_similarity, linear_cka, neuron_similarity
 from mlresearch.analysis.metrics import gram, hsic_unbiased, pairwise
+from mlresearch.analysis.schemes import scheme_from_similarity
 from mlresearch.families import family_of
 
 
@@ -194,7 +195,7 @@ def test_similarity_matrices_and_neuron_summary():
 
 # ----------------------------------------------------------------------------- similarity-guided schemes
 def test_from_similarity_recovers_identical_head_pairs_and_alike_layers():
-    from mlresearch.operators import Scheme, coalesce
+    from mlresearch.operators import coalesce
 
     model = randomize(FACTORIES["gpt2"](layers=4, heads=4, hidden=32), 5)
     d, hd = 32, 8
@@ -210,7 +211,7 @@ def test_from_similarity_recovers_identical_head_pairs_and_alike_layers():
                 for p in (block.attn.c_proj.weight, block.attn.c_proj.bias, block.mlp.c_proj.weight, block.mlp.c_proj.bias):
                     p.zero_()
     batches = [example_input(model, seed=s, batch=4) for s in range(2)]
-    scheme = Scheme.from_similarity(model, batches)
+    scheme = scheme_from_similarity(model, batches)
     assert scheme.width == ((0, 3), (1, 2))
     assert scheme.depth == ((0,), (1, 2, 3))
     small = coalesce(model, scheme)
@@ -279,7 +280,7 @@ def test_similarity_guided_scheme_fits_every_family(family):
     from mlresearch.operators import Scheme, coalesce, decoalesce
 
     model = randomize(FACTORIES[family](), 3)
-    scheme = Scheme.from_similarity(model, [example_input(model, seed=s) for s in range(2)])
+    scheme = scheme_from_similarity(model, [example_input(model, seed=s) for s in range(2)])
     sizes = family_of(model).sizes(model)
     small = coalesce(model, scheme)
     assert family_of(small).sizes(small).heads == sizes.heads // 2

@@ -156,15 +156,6 @@ class Scheme:
         )
 
     @classmethod
-    def from_similarity(cls, model: Any, batches: list, width_factor: int | None = 2,
-                        depth_factor: int | None = 2, metric: str = "cka") -> "Scheme":
-        """Merge the most similar heads and runs of adjacent layers, measured on ``batches``
-        (see :mod:`mlresearch.analysis.schemes`)."""
-        from ..analysis.schemes import scheme_from_similarity
-
-        return scheme_from_similarity(model, batches, width_factor, depth_factor, metric)
-
-    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Scheme":
         if not isinstance(data, dict):
             raise SchemeError(f"a scheme must be a JSON object, got {type(data).__name__}")

@@ -76,7 +76,9 @@ def scheme_for(cfg: RunConfig, model: nn.Module | None = None, sizes: Sizes | No
     if name == "similarity":
         if model is None:
             return Scheme.halving(**kw)
-        return Scheme.from_similarity(model, batches or [])
+        from ..analysis.schemes import scheme_from_similarity  # analysis sits above training: no cycle
+
+        return scheme_from_similarity(model, batches or [])
     if name == "halving":
         return Scheme.halving(model, **kw)
     if name == "halving-stack":
