@@ -287,3 +287,22 @@ def test_an_external_partner_replays_the_public_example_and_is_checked_before_tr
         with pytest.raises(ConfigError, match=message):
             run_method(smoke("gpt2", f"vcycle.partner={partner}"), "vcycle", tmp_path / "refused")
         assert not (tmp_path / "refused").exists()
+
+
+def test_a_run_records_its_tokens_per_parameter_of_the_full_model(tmp_path):
+    """The summary's parameter counts equal the trained model's own (tied head counted once; token
+    and position embeddings left out of the non-embedding count), and its tokens are steps x batch x
+    sequence length; the small control is divided by the *full* model's parameters."""
+    import torch
+
+    cfg = smoke("gpt2")
+    summary = run_method(cfg, "baseline", tmp_path / "base")
+    model = load_model(tmp_path / "base" / "final_model")
+    unique = {id(p): p.numel() for p in model.parameters()}
+    embedded = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    assert summary["full_model_parameters"] == sum(unique.values())
+    assert summary["full_model_non_embedding_parameters"] == sum(n for i, n in unique.items() if i not in embedded)
+    assert summary["tokens_total"] == cfg.train.steps * cfg.train.batch_size * cfg.data.seq_len
+    assert summary["tokens_per_parameter"] == summary["tokens_total"] / summary["full_model_parameters"]
+    small = run_method(cfg, "small", tmp_path / "small")
+    assert small["full_model_parameters"] == summary["full_model_parameters"]

@@ -29,7 +29,7 @@ from .config import METHOD_SECTIONS, ConfigError, RunConfig, default_value, flat
 from .engine import (Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, set_rng_state,
                      train_phase)
 from .methods import RUN_NAMES, build_plan, check_plan, execute
-from .models import build_model, check_model_fits_data, data_settings
+from .models import build_model, check_model_fits_data, data_settings, parameter_counts
 
 
 def runs_root(root: str | Path | None = None) -> Path:
@@ -217,7 +217,14 @@ class Run:
         summary = {"kind": kind, "experiment": self.cfg.experiment, "seed": self.cfg.seed,
                    "final_full_val": final, "final_test": test, "flops_total": self.ledger.flops,
                    "wall_total": self.ledger.wall, "examples_total": self.ledger.examples,
-                   "phases": self.phases, "data": self.data.info}
+                   "phases": self.phases, "data": self.data.info, "tokens_total": self.ledger.tokens}
+        # Where growth can pay is stated in tokens per parameter (of the full model: the one a method
+        # is compared as), all parameters and non-embedding ones.
+        params = parameter_counts(self.cfg, self.data.vocab_size or None)
+        summary.update(full_model_parameters=params["parameters"],
+                       full_model_non_embedding_parameters=params["non_embedding_parameters"],
+                       tokens_per_parameter=self.ledger.tokens / params["parameters"],
+                       tokens_per_non_embedding_parameter=self.ledger.tokens / params["non_embedding_parameters"])
         if self.data.tune is not None and len(self.data.tune):  # for choices among runs, not the target
             summary["final_tune"] = evaluate(model, self.data, self.cfg, "tune", batches=10**9)
         if self.accelerator.is_main_process:
