@@ -24,7 +24,8 @@ from tqdm.auto import tqdm
 
 from .checkpoint import load_model
 from .data import corpora
-from .data.datasets import DataError, text_split
+from .data.datasets import text_split
+from .data.text import DataError
 from .results import provenance, write_json
 from .training.config import load_config
 from .training.models import data_settings

@@ -53,9 +53,31 @@ class CausalLM(Task):
 
 class MaskedLM(CausalLM):
     def batch(self, data, split, idx, step, seed, part=(0, 1)):
-        from .data.datasets import mask_tokens
-
         return mask_tokens(torch.from_numpy(data.split(split)[0][idx]), data, step, seed, part)
+
+
+def mask_tokens(ids: torch.Tensor, data, step: int, seed: int, part: tuple[int, int] = (0, 1)) -> dict:
+    """BERT's masking of token blocks ``ids``, seeded by (seed, step): ``data.mask_prob`` of the
+    tokens chosen (BERT's 15% by default), of those 80% [MASK], 10% a random token, 10% kept;
+    labels -100 elsewhere. ``part`` (rank, world): ``ids`` are rows ``rank::world`` of the step's
+    global batch; the draws are made for the whole global batch and these rows taken, so every
+    process masks its examples differently and exactly as one process would have."""
+    rank, world = part
+    g = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(step))
+    shape = (ids.shape[0] * world, *ids.shape[1:])
+    mine = slice(rank, None, world)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    for k in ("cls", "sep", "pad"):
+        special |= ids == data.special[k]
+    chosen = (torch.rand(shape, generator=g)[mine] < data.mask_prob) & ~special
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    roll = torch.rand(shape, generator=g)[mine]
+    inputs = ids.clone()
+    inputs[chosen & (roll < 0.8)] = data.special["mask"]
+    random_tok = torch.randint(0, data.vocab_size, shape, generator=g)[mine]
+    swap = chosen & (roll >= 0.8) & (roll < 0.9)
+    inputs[swap] = random_tok[swap]
+    return {"input_ids": inputs, "labels": labels}
 
 
 class ImageClassification(Task):

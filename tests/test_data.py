@@ -18,6 +18,7 @@ from conftest import smoke
 from mlresearch.data import datasets as ds
 from mlresearch.data.datasets import batch_indices, feistel_permutation, load_data, text_split
 from mlresearch.data.prepare import open_prepared, prepare_text, prepared_dir
+from mlresearch.tasks import mask_tokens
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("isolated_data_cache")
@@ -152,7 +153,7 @@ def test_masked_lm_predicts_the_configured_fraction_of_tokens(mask_prob):
     cfg = smoke("bert", f"data.mask_prob={mask_prob}")
     data = load_data(cfg.task, asdict(cfg.data), cfg.seed)
     ids = data.train[: min(len(data.train), 200)]
-    batch = ds.mask_tokens(torch.from_numpy(ids), data, step=3, seed=0)
+    batch = mask_tokens(torch.from_numpy(ids), data, step=3, seed=0)
     special = np.isin(ids, list(data.special.values()))
     labelled = batch["labels"].numpy() != -100
     n = int((~special).sum())
@@ -213,8 +214,8 @@ def test_each_process_masks_its_rows_as_the_global_batch_would():
     cfg = smoke("bert", "data.mask_prob=0.4")
     data = load_data(cfg.task, asdict(cfg.data), cfg.seed)
     ids = torch.from_numpy(data.train[:8])
-    whole = ds.mask_tokens(ids, data, step=5, seed=1)
-    parts = [ds.mask_tokens(ids[r::2], data, step=5, seed=1, part=(r, 2)) for r in range(2)]
+    whole = mask_tokens(ids, data, step=5, seed=1)
+    parts = [mask_tokens(ids[r::2], data, step=5, seed=1, part=(r, 2)) for r in range(2)]
     for r, part in enumerate(parts):
         for key in ("input_ids", "labels"):
             assert torch.equal(part[key], whole[key][r::2])

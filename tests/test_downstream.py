@@ -13,7 +13,8 @@ from conftest import smoke, write_run
 
 from mlresearch.checkpoint import load_model
 from mlresearch.data import corpora
-from mlresearch.data.datasets import DataError, text_split
+from mlresearch.data.datasets import text_split
+from mlresearch.data.text import DataError
 from mlresearch.downstream import DownstreamConfig, bbc_topic_accuracy, evaluate_run, zero_shot_perplexity
 from mlresearch.training.compare import compare_runs
 from mlresearch.training.config import ConfigError

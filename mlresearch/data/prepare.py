@@ -25,14 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import file_sha256
+from .text import DataError, cache_dir, local_dataset, named_documents, special_ids, split_indices, text_fractions, \
+    text_tokenizer
 
 FORMAT = 1
 SPLITS = ("train", "val", "test", "tune")
 
 
 def data_fingerprint(cfg: dict, task: str, seed: int, docs_id: str) -> str:
-    from .datasets import text_fractions
-
     key = [FORMAT, task, docs_id, int(cfg.get("vocab_size", 8192)), cfg.get("tokenizer", "train"), seed,
            list(text_fractions(cfg))]
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
@@ -42,8 +42,6 @@ def document_dataset(cfg: dict):
     """(a ``datasets.Dataset`` with a ``text`` column, its source name, an identity for cache keys)."""
     import datasets
 
-    from .datasets import named_documents
-
     if not cfg.get("path"):
         docs, source, _ = named_documents(cfg)
         identity = f"{source}:{len(docs)}:{sum(map(len, docs))}"
@@ -52,35 +50,8 @@ def document_dataset(cfg: dict):
     return ds, f"local:{cfg['path']}", f"local:{Path(cfg['path']).expanduser().resolve()}:{ds._fingerprint}"
 
 
-def local_dataset(path: str, field: str = "text"):
-    """A local text dataset (a ``save_to_disk`` directory, or .txt/.parquet/.json(l) files) as a
-    memory-mapped ``datasets.Dataset`` with one column, ``text``."""
-    import datasets
-
-    from .datasets import DataError
-
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise DataError(f"local dataset path {p} does not exist (paper presets need the data on disk)")
-    if (p / "dataset_info.json").exists() or (p / "state.json").exists():
-        ds = datasets.load_from_disk(str(p))
-        ds = ds["train"] if isinstance(ds, datasets.DatasetDict) else ds
-    else:
-        files = sorted(str(f) for f in p.rglob("*") if f.suffix in (".txt", ".parquet", ".json", ".jsonl"))
-        if not files:
-            raise DataError(f"no .txt/.parquet/.json(l) files under {p}")
-        kind = {".txt": "text", ".parquet": "parquet", ".json": "json", ".jsonl": "json"}[Path(files[0]).suffix]
-        ds = datasets.load_dataset(kind, data_files=files, split="train")
-    if field not in ds.column_names:
-        raise DataError(f"{p} has no column {field!r} (data.text_field); its columns: {ds.column_names}")
-    ds = ds.select_columns([field])
-    return ds.rename_column(field, "text") if field != "text" else ds
-
-
 def prepared_dir(task: str, cfg: dict, seed: int, identity: str | None = None) -> Path:
     """Where the prepared splits of this data section live: ``data.prepared_dir`` or the cache."""
-    from .datasets import cache_dir
-
     if cfg.get("prepared_dir"):
         return Path(cfg["prepared_dir"]).expanduser()
     if identity is None:
@@ -98,8 +69,6 @@ def prepare_text(task: str, cfg: dict, seed: int, num_proc: int = 1, out: Path |
     existing preparation of the same data is reused. Written to a temporary directory and renamed,
     so a killed preparation leaves nothing that looks finished."""
     import datasets
-
-    from .datasets import DataError, text_tokenizer, special_ids, split_indices, text_fractions
 
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # parallelism is num_proc's, one thread per process
     ds, source, identity = document_dataset(cfg)
@@ -209,8 +178,6 @@ def check_prepared(path: Path, index: dict) -> None:
     """A prepared directory is what its index says: a token dtype we write, each split's file
     exactly ``tokens`` long and (where the index records it) with its checksum, and a tokenizer
     whose vocabulary is the index's. Raises a DataError naming the file and what is wrong."""
-    from .datasets import DataError
-
     def damaged(what: str):
         return DataError(f"prepared data {path} is damaged: {what}; prepare it again (delete it, then "
                          "`mlresearch data prepare CONFIG`)")
@@ -246,8 +213,6 @@ class TokenBlocks:
     [CLS] and [SEP]. The tail shorter than a block is dropped."""
 
     def __init__(self, path: Path, dtype: str, tokens: int, seq_len: int, task: str, special: dict) -> None:
-        from .datasets import DataError
-
         self.path, self.dtype, self.task, self.special = Path(path), np.dtype(dtype), task, special
         self.body = seq_len if task == "causal_lm" else seq_len - 2
         n = tokens // self.body
@@ -280,8 +245,6 @@ class TokenBlocks:
 
 def open_prepared(path: Path, task: str, seq_len: int):
     """(blocks per split, vocabulary size, special ids, index) of a prepared directory."""
-    from .datasets import DataError
-
     try:
         index = json.loads((Path(path) / "index.json").read_text())
     except ValueError as exc:
