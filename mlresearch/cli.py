@@ -338,8 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("study", help="run a study spec (experiments/studies/*.yaml): the baseline tuned on the tuning "
                                      "split, every method on the same seeds, resumable; then the side-by-side table")
     p.add_argument("spec")
-    p.add_argument("--stage", choices=("tune", "frontier", "all"), default="all",
-                   help="tune: only the baseline's LR/warm-up; frontier: it and the baseline frontier; all: every run")
+    p.add_argument("--stage", choices=("tune", "frontier", "regime", "all"), default="all",
+                   help="tune: only the baseline's LR/warm-up; frontier: it and the baseline frontier; regime: it and "
+                        "the regime check (baseline vs the small shape alone); all: every run and stage")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state; train nothing")
     p.set_defaults(func=_cmd_study)
 

@@ -50,7 +50,7 @@ class DirKind:
 
 RUN = DirKind("run directory", ("provenance.json",),
               frozenset({"config.yaml", "provenance.json", "metrics.jsonl", "summary.json", "checkpoints",
-                         "final_model", ".lock", "cpu.json", "downstream.json", "tune.json"}))
+                         "final_model", ".lock", "cpu.json", "downstream.json", "tune.json", "word_order.json"}))
 MODEL = DirKind("model directory", ("config.json", "model.safetensors"),
                 frozenset({"config.json", "model.safetensors", "generation_config.json", "model.safetensors.sha256"}))
 REPORT = DirKind("similarity report", ("provenance.json", "similarity.csv"),

@@ -22,7 +22,12 @@ time, resumable (a finished run is skipped, a killed one resumes), choices made 
    study's CPU-hour total: each run's CPU seconds (the child process's ``getrusage``) are added to
    ``<run>/cpu.json``.
 
-``mlresearch study SPEC [--stage tune|frontier|all] [--dry-run]``
+5. **The regime check** (``regime: true``): on every seed, the baseline against the small-model
+   control (the small shape alone for the same FLOPs); ``<root>/tables/regime.csv`` and the margin
+   against the baseline's seed spread. A saving means something only where the full model is
+   clearly better.
+
+``mlresearch study SPEC [--stage tune|frontier|regime|all] [--dry-run]``
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ class StudyError(MLResearchError, ValueError):
     """A study spec that cannot run, or a run of it that failed."""
 
 
-STUDY_KEYS = {"config", "root", "tuning", "seeds", "variant_seeds", "runs", "best", "frontier"}
+STUDY_KEYS = {"config", "root", "tuning", "seeds", "variant_seeds", "runs", "best", "frontier", "regime"}
 FRONTIER_KEYS = {"budgets", "small_budgets", "check_lr"}
 
 
@@ -105,6 +110,9 @@ def load_study(path: str | Path) -> dict:
         raise bad(f"best.among names runs the spec does not have: {sorted(set(among) - set(runs)) or 'none given'}")
     if not set(spec["variant_seeds"]) <= set(spec["seeds"]):
         raise bad("variant_seeds must be a subset of seeds")
+    if "regime" in spec and (not isinstance(spec["regime"], bool) or spec["regime"] and control(spec) is None):
+        raise bad("regime: true needs the small-model control among the runs, e.g. "
+                  "small: {method: small, equal_flops: true, main: true}")
     if "frontier" in spec:
         frontier = spec["frontier"]
         if not isinstance(frontier, dict) or set(frontier) - FRONTIER_KEYS or "budgets" not in frontier:
@@ -121,6 +129,12 @@ def load_study(path: str | Path) -> dict:
         if frontier["small_budgets"] and len(frontier["small_budgets"]) < 2:
             raise bad("frontier.small_budgets needs at least 2 budgets (or none)")
     return spec
+
+
+def control(spec: dict) -> str | None:
+    """The spec's small-model control: its run of the small shape alone for the baseline's FLOPs."""
+    return next((name for name, item in spec["runs"].items() if item.get("method") == "small" and item.get("equal_flops")),
+                None)
 
 
 def equal_flops_steps(cfg, budget: float = 1.0) -> tuple[int, int]:
@@ -184,6 +198,28 @@ def merge_tuning_rows(previous: pd.DataFrame, table: pd.DataFrame, experiment: s
     if len(previous) and _tuning_content(merged) == _tuning_content(previous):
         return None
     return merged
+
+
+def word_order_gain(run: Path, previous: pd.DataFrame, experiment: str, seed: int) -> float:
+    """A run's final model's word-order gain (:mod:`mlresearch.analysis.word_order`), cached in
+    ``<run>/word_order.json``; a committed run keeps no weights, so without the model or the cache
+    the value the regime table already holds for it is kept (NaN when it has none)."""
+    from .analysis.word_order import run_word_order
+
+    cached = run / "word_order.json"
+    if cached.exists():
+        return float(json.loads(cached.read_text())["gain"])
+    if (run / "final_model").is_dir():
+        gain = float(run_word_order(run).gain)
+        atomic_write_text(cached, json.dumps({"gain": gain}, indent=2) + "\n")
+        return gain
+    column = "small_word_order_gain" if json.loads((run / "summary.json").read_text())["kind"] == "small" \
+        else "baseline_word_order_gain"
+    if column in previous:
+        row = previous[(previous.experiment == experiment) & (previous.seed == seed)]
+        if len(row):
+            return float(row[column].iloc[0])
+    return math.nan
 
 
 def cpu_seconds() -> float:
@@ -433,6 +469,39 @@ class Study:
         print(f"{self.experiment}: {len(rows)} frontier points -> {out}")
         return out
 
+    # ----------------------------------------------------------------------------------- regime
+    def regime(self) -> pd.DataFrame:
+        """The regime check: on every seed, the baseline and the small shape alone for the same FLOPs
+        (both trained first if need be); ``<root>/tables/regime.csv`` gets this experiment's rows
+        (the small shape's loss at the baseline's FLOPs, the margin; for sequence tasks each final
+        model's word-order gain), ``<root>/figures/regime_<experiment>.png`` both curves; printed:
+        the margin against the baseline's seed spread (:func:`mlresearch.analysis.regime.verdict`)."""
+        from .analysis.regime import figure, merge_rows, regime_row, verdict
+        from .tasks import task_of
+
+        small, seeds = control(self.spec), self.spec["seeds"]
+        pairs = [(seed, self.run("baseline", seed), self.run(small, seed)) for seed in seeds]
+        if self.dry_run:
+            return pd.DataFrame()
+        out = self.root / "tables" / "regime.csv"
+        previous = pd.read_csv(out) if out.exists() else pd.DataFrame()
+        cfg = load_config(self.config)
+        rows = []
+        for seed, base, alone in pairs:
+            gain = (lambda run, s=seed: word_order_gain(run, previous, self.experiment, s)) \
+                if task_of(cfg.task).sequences else None
+            steps = load_config(alone / "config.yaml").train.steps
+            rows.append(regime_row(self.experiment, seed, base, alone, steps, word_order=gain))
+        table = merge_rows(previous, pd.DataFrame(rows).assign(git_commit=provenance({}, 0)["git_commit"]))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, table.to_csv(index=False))
+        figure(self.root, self.experiment, [(seed, base, alone) for seed, base, alone in pairs])
+        v = verdict(table[table.experiment == self.experiment])
+        print(f"{self.experiment}: baseline {v['baseline']:.4f} (seed spread {v['spread']:.4f}), small alone at the same "
+              f"FLOPs {v['small']:.4f}; margin {v['margin']:+.4f} (min {v['margin_min']:+.4f}, {v['seeds']} seeds): "
+              + ("in the regime" if v["in_regime"] else "NOT clearly in the regime") + f"; {out}")
+        return table
+
     def best(self) -> str:
         """The candidate V-cycle with the lowest mean tuning loss over ``variant_seeds``."""
         seeds = self.spec["variant_seeds"]
@@ -492,11 +561,13 @@ def run_study(path: str | Path, stage: str = "all", dry_run: bool = False) -> pd
     """``mlresearch study SPEC``: tune the baseline, then the frontier (``stage="frontier"``) or
     every run and the frontier (``stage="all"``), then report."""
     study = Study(path, dry_run)
-    if stage == "frontier" and "frontier" not in study.spec:
-        raise StudyError(f"study spec {path} has no frontier section: nothing to run for --stage frontier")
+    if stage in ("frontier", "regime") and not study.spec.get(stage):
+        raise StudyError(f"study spec {path} has no {stage} section: nothing to run for --stage {stage}")
     study.tune()
     if stage == "all":
         study.all_runs()
-    if stage != "tune" and "frontier" in study.spec:
+    if stage in ("all", "frontier") and "frontier" in study.spec:
         study.write_frontier(study.frontier())
+    if stage in ("all", "regime") and study.spec.get("regime"):
+        study.regime()
     return study.report()

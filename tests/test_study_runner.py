@@ -218,3 +218,40 @@ def test_a_bad_frontier_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(StudyError, match="no frontier section"):
         run_study(_spec(tmp_path), "frontier")
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_regime_stage_checks_the_baseline_against_the_small_shape_alone(tmp_path, capsys):
+    """``regime: true``: on every seed the baseline and the small shape alone for the same FLOPs, one
+    row each in regime.csv (another experiment's rows kept), the word-order gain cached beside each
+    run and kept from the table when the weights are gone (committed runs keep none)."""
+    import shutil
+
+    path = _spec(tmp_path, tuning={"seed": 0, "lr": [], "warmup": []},
+                 runs={"small": {"method": "small", "equal_flops": True, "main": True}}, regime=True)
+    spec = yaml.safe_load(path.read_text())
+    del spec["best"]
+    path.write_text(yaml.safe_dump(spec))
+    runs = tmp_path / "runs"
+    (runs / "tables").mkdir(parents=True)
+    pd.DataFrame([{"experiment": "other", "seed": 0, "margin": 1.0}]).to_csv(runs / "tables" / "regime.csv", index=False)
+    run_study(path, "regime")
+    table = pd.read_csv(runs / "tables" / "regime.csv")
+    assert set(table.experiment) == {"other", "gpt2_smoke"}
+    row = table[table.experiment == "gpt2_smoke"].iloc[0]
+    base = json.loads((runs / "gpt2_smoke" / "baseline-seed0" / "summary.json").read_text())
+    small_dir = runs / "gpt2_smoke" / "small-equalflops-seed0"
+    assert row.baseline_final_val_loss == base["final_full_val"]["val_loss"]
+    assert row.small_steps == yaml.safe_load((small_dir / "config.yaml").read_text())["train"]["steps"]
+    assert row.margin == pytest.approx(row.small_val_loss_at_baseline_flops - row.baseline_final_val_loss)
+    gain = json.loads((small_dir / "word_order.json").read_text())["gain"]
+    assert row.small_word_order_gain == pytest.approx(gain)
+    assert "seeds): " in capsys.readouterr().out  # the verdict, printed
+    assert (runs / "figures" / "regime_gpt2_smoke.png").is_file()
+    for run in (small_dir, runs / "gpt2_smoke" / "baseline-seed0"):  # as committed: no weights, no cache
+        shutil.rmtree(run / "final_model")
+        (run / "word_order.json").unlink()
+    run_study(path, "regime")
+    again = pd.read_csv(runs / "tables" / "regime.csv")
+    assert again[again.experiment == "gpt2_smoke"].small_word_order_gain.iloc[0] == pytest.approx(gain)
+    with pytest.raises(StudyError, match="regime: true needs the small-model control"):
+        load_study(_spec(tmp_path, regime=True))

@@ -1,7 +1,8 @@
 """Regime check: is the full model clearly better than the small shape trained alone for the same
 FLOPs? Only then can a growth method's saving mean something (issue: evidence that answers the
-question). ``experiments/regime.py`` trains the two runs per seed; this module turns them into
-``results/tables/regime.csv`` rows, the verdict and the figure.
+question). The ``regime`` stage of a study (``mlresearch study SPEC --stage regime``) trains the
+two runs per seed; this module turns them into ``results/tables/regime.csv`` rows, the verdict and
+the figure.
 
 - :func:`loss_at_flops`: a curve's validation loss at a FLOPs count, linear in log FLOPs between
   evaluations (the small model is evaluated on its own grid, never exactly at the baseline's total);
@@ -71,21 +72,22 @@ def verdict(part: pd.DataFrame) -> dict:
             "margin_min": float(part.margin.min()), "in_regime": bool(part.margin.min() > spread)}
 
 
-def figure(root: Path, experiment: str, seeds) -> Path:
-    """Both shapes' validation curves against FLOPs, every seed, into ``figures/regime_<experiment>.png``."""
+def figure(root: Path, experiment: str, runs) -> Path:
+    """Both shapes' validation curves against FLOPs, every seed (``runs``: (seed, baseline run,
+    small-alone run) triples), into ``<root>/figures/regime_<experiment>.png``."""
     import matplotlib.pyplot as plt
 
     from . import plots
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    seeds = sorted(seeds)
-    for seed in seeds:
-        for run, style, label in ((f"baseline-seed{seed}", "k-", "full model"),
-                                  (f"small-equalflops-seed{seed}", "C1-", "small shape alone")):
-            c = curves(Path(root) / experiment / run)
-            ax.plot(c.flops, c.val_loss, style, lw=1, alpha=0.8, label=label if seed == seeds[0] else None)
+    runs = sorted(runs, key=lambda r: r[0])
+    for i, (seed, baseline, small) in enumerate(runs):
+        for run, style, label in ((baseline, "k-", "full model"), (small, "C1-", "small shape alone")):
+            c = curves(run)
+            ax.plot(c.flops, c.val_loss, style, lw=1, alpha=0.8, label=label if i == 0 else None)
     ax.set(xscale="log", xlabel="training FLOPs", ylabel="validation loss (full split)",
-           title=f"{experiment}: full model vs the small shape at equal FLOPs ({len(seeds)} seeds)")
+           title=f"{experiment}: full model vs the small shape at equal FLOPs ({len(runs)} seeds)")
     ax.grid(alpha=0.3)
     ax.legend()
+    fig.tight_layout()
     return plots.save(fig, Path(root) / "figures" / f"regime_{experiment}.png")

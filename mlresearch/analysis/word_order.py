@@ -4,7 +4,7 @@ tokens of every block are shuffled (inputs and labels moved together, special to
 Why: a masked LM on its bag-of-words plateau predicts a masked token from *which* tokens are in the
 block, not *where* they are, so shuffling leaves its loss unchanged (gain ~ 0). Only once attention
 uses position does shuffling cost loss. A full model still on that plateau has not yet used what its
-capacity buys over a small model, so the regime check (``experiments/regime.py``) reports the gain of
+capacity buys over a small model, so the regime check (``mlresearch study SPEC --stage regime``) reports the gain of
 both runs next to the margin. A causal LM reads order through its mask from the first step, so its
 gain is large at once; the number is meant for comparing runs of one task.
 """
