@@ -152,12 +152,16 @@ def test_a_dry_run_says_it_would_write_the_tuning_table(tmp_path, capsys):
     assert "(would write)" in capsys.readouterr().out and not table.exists()
 
 
-def test_the_frontier_stage_anneals_every_budget_and_the_table_reads_each_seeds_frontier(tmp_path, capsys):
+def test_the_frontier_and_regime_stages(tmp_path, capsys):
     """The baseline at 0.5x and 1.0x of its steps, the small shape alone at 0.5x and 1.0x of its FLOPs,
     each schedule decayed to zero at its own end; points the study already has are copied, not
     retrained; an LR check at the lowest budget is recorded but never a frontier point; every method
     run is read against its seed's frontier (recomputed here from the closed form; the pairing of
-    seeds is tests/test_frontier.py's)."""
+    seeds is tests/test_frontier.py's). The regime stage (same runs): one row per seed in regime.csv
+    (another experiment's rows kept), the word-order gain cached beside each run and kept from the
+    table when the weights are gone (committed runs keep none)."""
+    import shutil
+
     import math
 
     from mlresearch.study import write_tables
@@ -166,12 +170,14 @@ def test_the_frontier_stage_anneals_every_budget_and_the_table_reads_each_seeds_
     path = _spec(tmp_path, seeds=[0], tuning={"seed": 0, "lr": [], "warmup": []},
                  runs={"small": {"method": "small", "equal_flops": True, "main": True},
                        "paper": {"method": "vcycle", "main": True}}, best=None,
-                 frontier={"budgets": [0.5, 1.0], "small_budgets": [0.5, 1.0], "check_lr": [0.01]})
+                 frontier={"budgets": [0.5, 1.0], "small_budgets": [0.5, 1.0], "check_lr": [0.01]}, regime=True)
     spec = yaml.safe_load(path.read_text())
     del spec["best"]
     path.write_text(yaml.safe_dump(spec))
-    run_study(path, "all")
     runs, home = tmp_path / "runs", tmp_path / "runs" / "gpt2_smoke-frontier"
+    (runs / "tables").mkdir(parents=True)
+    pd.DataFrame([{"experiment": "other", "seed": 0, "margin": 1.0}]).to_csv(runs / "tables" / "regime.csv", index=False)
+    run_study(path, "all")
     points = pd.read_csv(runs / "tables" / "frontier.csv")
     assert len(points) == 4 + 1 and (points.role == "lr check").sum() == 1
     assert sorted(points[points.role == "lr check"].lr) == [0.01]
@@ -208,6 +214,26 @@ def test_the_frontier_stage_anneals_every_budget_and_the_table_reads_each_seeds_
     assert len(listed) == 5 and all(line.startswith("[finished]") for line in listed), listed
     assert pd.read_csv(runs / "tables" / "frontier.csv").equals(points)
 
+    regime = pd.read_csv(runs / "tables" / "regime.csv")
+    assert set(regime.experiment) == {"other", "gpt2_smoke"}
+    row = regime[regime.experiment == "gpt2_smoke"].iloc[0]
+    base = json.loads((runs / "gpt2_smoke" / "baseline-seed0" / "summary.json").read_text())
+    small_dir = runs / "gpt2_smoke" / "small-equalflops-seed0"
+    assert row.baseline_final_val_loss == base["final_full_val"]["val_loss"]
+    assert row.small_steps == yaml.safe_load((small_dir / "config.yaml").read_text())["train"]["steps"]
+    assert row.margin == pytest.approx(row.small_val_loss_at_baseline_flops - row.baseline_final_val_loss)
+    gain = json.loads((small_dir / "word_order.json").read_text())["gain"]
+    assert row.small_word_order_gain == pytest.approx(gain)
+    assert (runs / "figures" / "regime_gpt2_smoke.png").is_file()
+    for run in (small_dir, runs / "gpt2_smoke" / "baseline-seed0"):  # as committed: no weights, no cache
+        shutil.rmtree(run / "final_model")
+        (run / "word_order.json").unlink()
+    run_study(path, "regime")
+    again = pd.read_csv(runs / "tables" / "regime.csv")
+    assert again[again.experiment == "gpt2_smoke"].small_word_order_gain.iloc[0] == pytest.approx(gain)
+    with pytest.raises(StudyError, match="regime: true needs the small-model control"):
+        load_study(_spec(tmp_path, regime=True))
+
 
 def test_a_bad_frontier_is_refused_before_anything_runs(tmp_path):
     for frontier, message in (({"budgets": [1.0]}, "at least 2"), ({"budgets": [0.5, -1]}, "positive"),
@@ -218,40 +244,3 @@ def test_a_bad_frontier_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(StudyError, match="no frontier section"):
         run_study(_spec(tmp_path), "frontier")
     assert not (tmp_path / "runs").exists()
-
-
-def test_the_regime_stage_checks_the_baseline_against_the_small_shape_alone(tmp_path, capsys):
-    """``regime: true``: on every seed the baseline and the small shape alone for the same FLOPs, one
-    row each in regime.csv (another experiment's rows kept), the word-order gain cached beside each
-    run and kept from the table when the weights are gone (committed runs keep none)."""
-    import shutil
-
-    path = _spec(tmp_path, tuning={"seed": 0, "lr": [], "warmup": []},
-                 runs={"small": {"method": "small", "equal_flops": True, "main": True}}, regime=True)
-    spec = yaml.safe_load(path.read_text())
-    del spec["best"]
-    path.write_text(yaml.safe_dump(spec))
-    runs = tmp_path / "runs"
-    (runs / "tables").mkdir(parents=True)
-    pd.DataFrame([{"experiment": "other", "seed": 0, "margin": 1.0}]).to_csv(runs / "tables" / "regime.csv", index=False)
-    run_study(path, "regime")
-    table = pd.read_csv(runs / "tables" / "regime.csv")
-    assert set(table.experiment) == {"other", "gpt2_smoke"}
-    row = table[table.experiment == "gpt2_smoke"].iloc[0]
-    base = json.loads((runs / "gpt2_smoke" / "baseline-seed0" / "summary.json").read_text())
-    small_dir = runs / "gpt2_smoke" / "small-equalflops-seed0"
-    assert row.baseline_final_val_loss == base["final_full_val"]["val_loss"]
-    assert row.small_steps == yaml.safe_load((small_dir / "config.yaml").read_text())["train"]["steps"]
-    assert row.margin == pytest.approx(row.small_val_loss_at_baseline_flops - row.baseline_final_val_loss)
-    gain = json.loads((small_dir / "word_order.json").read_text())["gain"]
-    assert row.small_word_order_gain == pytest.approx(gain)
-    assert "seeds): " in capsys.readouterr().out  # the verdict, printed
-    assert (runs / "figures" / "regime_gpt2_smoke.png").is_file()
-    for run in (small_dir, runs / "gpt2_smoke" / "baseline-seed0"):  # as committed: no weights, no cache
-        shutil.rmtree(run / "final_model")
-        (run / "word_order.json").unlink()
-    run_study(path, "regime")
-    again = pd.read_csv(runs / "tables" / "regime.csv")
-    assert again[again.experiment == "gpt2_smoke"].small_word_order_gain.iloc[0] == pytest.approx(gain)
-    with pytest.raises(StudyError, match="regime: true needs the small-model control"):
-        load_study(_spec(tmp_path, regime=True))
