@@ -462,8 +462,9 @@ class Study:
         out = self.root / "tables" / "frontier.csv"
         if not rows or self.dry_run:
             return None
-        previous = pd.read_csv(out) if out.exists() else pd.DataFrame(columns=["experiment"])
-        table = pd.concat([previous[previous.experiment != self.experiment], pd.DataFrame(rows)], ignore_index=True)
+        kept = pd.read_csv(out) if out.exists() else None
+        kept = [] if kept is None else [kept[kept.experiment != self.experiment]]
+        table = pd.concat([*[k for k in kept if len(k)], pd.DataFrame(rows)], ignore_index=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out, table.to_csv(index=False))
         print(f"{self.experiment}: {len(rows)} frontier points -> {out}")

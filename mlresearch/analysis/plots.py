@@ -76,7 +76,7 @@ def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str):
     each method's end point (mean, with its seed spread in FLOPs and loss as error bars).
     ``points``: ``frontier.csv`` rows; ``runs``: :func:`mlresearch.study.collect` rows."""
     fig, ax = plt.subplots(figsize=(13, 6))
-    colours = plt.get_cmap("tab20").colors
+    colours = plt.get_cmap("tab10").colors + plt.get_cmap("tab20").colors[1::2]  # strong first, then light
     mine = points[(points.experiment == experiment) & (points.role == "frontier")]
     for method, colour, name in (("baseline", "black", "baseline (full shape), annealed at each budget"),
                                  ("small", "grey", "small shape alone, annealed at each budget")):
