@@ -157,7 +157,8 @@ def run_savings(runs: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
         out = {"saved_pct": None, "speedup_pct": None, "loss_gap": None, "small_loss_gap": None,
                "loss_range": "no frontier", "flops_range": "no frontier", "small_flops_range": "no frontier",
                "baseline_flops_at_loss": None}
-        flops, loss = float(r.method_total_flops), float(r.method_full_val_loss)
+        # (a run with a NaN loss has no comparison, so no total: it stays "no frontier")
+        flops, loss = float(getattr(r, "method_total_flops", math.nan)), float(getattr(r, "method_full_val_loss", math.nan))
         if key in full and math.isfinite(flops) and math.isfinite(loss):
             s = full[key].saving(flops, loss)
             out.update(loss_range=s["loss_range"], flops_range=s["flops_range"], loss_gap=s["loss_gap"],

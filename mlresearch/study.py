@@ -123,9 +123,8 @@ def _collect(results: Path) -> pd.DataFrame:
         base = baselines.get((run.parent, config["seed"]))
         if summary["kind"] == "baseline" or base is None:  # (a run kept as a record, beside no baseline)
             continue
-        params = parameter_counts(load_config(run / "config.yaml"))
         row = {"experiment": config["experiment"], "method": summary["kind"], "task": config["task"], "run": run.name,
-               "seed": config["seed"], **describe_run(summary["kind"], config), **params,
+               "seed": config["seed"], **describe_run(summary["kind"], config),
                "method_full_val_loss": summary["final_full_val"]["val_loss"],
                "method_test": next(iter(summary["final_test"].values())),
                "method_downstream": _downstream(run, config["task"])}
@@ -136,6 +135,8 @@ def _collect(results: Path) -> pd.DataFrame:
             rows.append({**row, "nonfinite_loss": 1, "reached": False})
             continue
         b = json.loads((base / "summary.json").read_text())
+        params = parameter_counts(load_config(run / "config.yaml"))  # after the pair is known comparable
+        row.update(params)
         row.update({"baseline_full_val_loss": b["final_full_val"]["val_loss"],
                     "baseline_test": next(iter(b["final_test"].values())),
                     "target_val_loss": c["target_val_loss"], "baseline_flops": c["baseline_flops"],
@@ -172,7 +173,8 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
     floats = ["method_downstream", "baseline_downstream", "acc_flops_saving_pct", "modelled_wall_saving_pct",
               "flops_saving_at_final_pct", "method_tokens", "baseline_tokens", "method_total_tokens",
               "final_val_loss_gap", "nonfinite_loss", "baseline_flops", "baseline_total_flops", "flops_saving_pct",
-              "method_flops", "method_total_flops", "wall_saving_pct"]  # a run with a NaN loss has none of these
+              "method_flops", "method_total_flops", "wall_saving_pct", "tokens_per_parameter",
+              "tokens_per_non_embedding_parameter"]  # a run with a NaN loss has none of these
     for c in (*floats, "reached_acc"):  # columns only some experiments or runs have
         if c not in df:
             df[c] = None
