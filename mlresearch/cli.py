@@ -4,6 +4,7 @@
     mlresearch train   CONFIG [--out DIR] [--resume] [--set key=value]   baseline from scratch
     mlresearch vcycle  CONFIG [--out DIR] [--resume] [--baseline]        V-cycle (and its baseline)
     mlresearch compare BASELINE_RUN VCYCLE_RUN                           FLOPs/wall saving
+    mlresearch study SPEC [--stage S] [--dry-run] [--launch CMD]          a study spec, resumable
     mlresearch table [--readme README.md]                                study tables from results/
     mlresearch downstream RUN_DIR... [--skip-done]                       downstream checks of finished runs
     mlresearch similarity --run DIR | --model DIR [--data CONFIG] --metric cka --out DIR
@@ -274,7 +275,7 @@ def _cmd_downstream(args: argparse.Namespace) -> int:
 def _cmd_study(args: argparse.Namespace) -> int:
     from .study_runner import run_study
 
-    run_study(args.spec, args.stage, args.dry_run)
+    run_study(args.spec, args.stage, args.dry_run, args.launch)
     return 0
 
 
@@ -342,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tune: only the baseline's LR/warm-up; frontier: it and the baseline frontier; regime: it and "
                         "the regime check (baseline vs the small shape alone); all: every run and stage")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state; train nothing")
+    p.add_argument("--launch", help='start each run under this launcher, e.g. "torchrun --standalone --nproc_per_node 8" '
+                                    "(default $MLRESEARCH_LAUNCH, else this Python, one process)")
     p.set_defaults(func=_cmd_study)
 
     p = sub.add_parser("table", help="study tables from every run in results/ (and README's Results)")

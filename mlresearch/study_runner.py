@@ -27,7 +27,10 @@ time, resumable (a finished run is skipped, a killed one resumes), choices made 
    against the baseline's seed spread. A saving means something only where the full model is
    clearly better.
 
-``mlresearch study SPEC [--stage tune|frontier|regime|all] [--dry-run]``
+Each run is its own process: ``python -m mlresearch.cli run ...``, or under a launcher
+(``--launch "torchrun --standalone --nproc_per_node 8"`` or ``$MLRESEARCH_LAUNCH``) on a GPU node.
+
+``mlresearch study SPEC [--stage tune|frontier|regime|all] [--dry-run] [--launch CMD]``
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import json
 import math
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -234,8 +238,14 @@ def _sets(sets: list[str]) -> list[str]:
 class Study:
     """One study spec, run: ``tune()``, then ``all_runs()``, then ``report()``."""
 
-    def __init__(self, path: str | Path, dry_run: bool = False):
+    def __init__(self, path: str | Path, dry_run: bool = False, launch: str | None = None):
         from .training.run import runs_root
+
+        launch = os.environ.get("MLRESEARCH_LAUNCH", "") if launch is None else launch
+        try:  # "torchrun --standalone --nproc_per_node 8": each run is started as `<launch> -m mlresearch.cli run ...`
+            self.launcher = shlex.split(launch) or [sys.executable]
+        except ValueError as e:
+            raise StudyError(f"--launch / MLRESEARCH_LAUNCH {launch!r} is not a command line: {e}") from None
 
         self.spec = load_study(path)
         name = self.spec["config"]
@@ -271,18 +281,26 @@ class Study:
             return self.home / f"{name}-equalflops-seed{cfg.seed}"
         return default_out(cfg, item["method"], self.root)
 
+    def command(self, out: Path, method: str, sets: list[str]) -> list[str]:
+        """The command line that trains one run (skipped when finished, resumed when killed)."""
+        return [*self.launcher, "-m", "mlresearch.cli", "run", str(self.config), "--method", method, *_sets(sets),
+                "--out", str(out), "--resume", "--skip-done"]
+
     def launch(self, out: Path, method: str, sets: list[str]) -> Path:
         """One run in its own process (skipped when finished, resumed when killed); the CPU seconds
         it takes are added to ``out/cpu.json``."""
         if self.dry_run:
             state = "finished" if (out / "summary.json").exists() else "started" if out.exists() else "to run"
-            print(f"[{state:8}] {out}  <- {method} {' '.join(sets)}")
+            via = "" if self.launcher == [sys.executable] else f" (via {shlex.join(self.launcher)})"
+            print(f"[{state:8}] {out}  <- {method} {' '.join(sets)}{via}")
             return out
         finished = (out / "summary.json").exists()
         cpu, wall = cpu_seconds(), time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "mlresearch.cli", "run", str(self.config), "--method", method,
-                               *_sets(sets), "--out", str(out), "--resume", "--skip-done"],
-                              env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
+        try:
+            done = subprocess.run(self.command(out, method, sets),
+                                  env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
+        except OSError as e:  # a launcher that is not installed
+            raise StudyError(f"cannot start {self.launcher[0]!r} (--launch / MLRESEARCH_LAUNCH): {e.strerror}") from None
         if done.returncode:
             raise StudyError(f"mlresearch run {self.config.name} --method {method} {' '.join(_sets(sets))} --out {out} "
                              f"failed (exit {done.returncode}); run the study again to resume it")
@@ -558,10 +576,11 @@ class Study:
         return table
 
 
-def run_study(path: str | Path, stage: str = "all", dry_run: bool = False) -> pd.DataFrame:
+def run_study(path: str | Path, stage: str = "all", dry_run: bool = False, launch: str | None = None) -> pd.DataFrame:
     """``mlresearch study SPEC``: tune the baseline, then the frontier (``stage="frontier"``) or
-    every run and the frontier (``stage="all"``), then report."""
-    study = Study(path, dry_run)
+    every run and the frontier (``stage="all"``), then report. ``launch`` starts each run (default
+    ``$MLRESEARCH_LAUNCH``, else this Python)."""
+    study = Study(path, dry_run, launch)
     if stage in ("frontier", "regime") and not study.spec.get(stage):
         raise StudyError(f"study spec {path} has no {stage} section: nothing to run for --stage {stage}")
     study.tune()

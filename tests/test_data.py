@@ -208,6 +208,17 @@ def test_bad_image_data_settings_are_one_line_before_anything_is_written(tmp_pat
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("preset", ["gpt2_paper", "deit_b_paper"])
+def test_a_paper_preset_without_its_data_on_disk_is_one_line_naming_data_path(tmp_path, preset, capsys):
+    from mlresearch.cli import main
+
+    assert main(["run", str(REPO / "experiments" / "configs" / f"{preset}.yaml"), "--method", "baseline",
+                 "--set", f"data.path={tmp_path / 'absent'}", "--out", str(tmp_path / "run")]) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("mlresearch:")]
+    assert str(tmp_path / "absent") in line and "(data.path) does not exist" in line and "--set data.path=" in line, line
+    assert not (tmp_path / "run").exists()
+
+
 def test_each_process_masks_its_rows_as_the_global_batch_would():
     """Process r of w takes rows r::w of a step's batch; its masks are those rows of the one-process
     draw, exactly -- not the same positions on every process (which would correlate their masks)."""

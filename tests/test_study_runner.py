@@ -244,3 +244,30 @@ def test_a_bad_frontier_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(StudyError, match="no frontier section"):
         run_study(_spec(tmp_path), "frontier")
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_launcher_starts_every_run_and_a_missing_one_is_one_clear_line(tmp_path, capsys):
+    # The launcher (torchrun on a GPU node) is a command line put before `-m mlresearch.cli run ...`; here
+    # a wrapper that notes each run it starts, then runs this Python. A launcher that is not installed
+    # stops the study with one line naming it, before anything is written.
+    import shlex
+    import sys
+    from pathlib import Path
+
+    wrapper = tmp_path / "launch.sh"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/launched\nshift\nexec {shlex.quote(sys.executable)} "$@"\n')
+    wrapper.chmod(0o755)
+    path = _spec(tmp_path, tuning={"seed": 0, "lr": [], "warmup": []}, runs={"paper": {"method": "vcycle"}},
+                 best={"among": ["paper"]})
+    Study(path, dry_run=True, launch=f"{wrapper} --flag").run("paper", 0)
+    assert f"(via {wrapper} --flag)" in capsys.readouterr().out
+    with pytest.raises(StudyError, match="cannot start '/nonexistent/torchrun'"):
+        Study(path, launch="/nonexistent/torchrun --nproc_per_node 8").run("baseline", 0)
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(StudyError, match="is not a command line"):
+        Study(path, launch='torchrun "unclosed')
+    out = Study(path, launch=f"{wrapper} --flag").run("baseline", 0)
+    assert (out / "summary.json").exists()
+    launched = (tmp_path / "launched").read_text().split()
+    assert launched[:5] == ["--flag", "-m", "mlresearch.cli", "run", str(tmp_path / "smoke.yaml")]
+    assert (Path(launched[launched.index("--out") + 1]) / "summary.json").exists()  # the tuning run, adopted as out

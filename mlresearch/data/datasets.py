@@ -134,7 +134,8 @@ def load_image_folder(cfg: dict, seed: int, size: int) -> Data:
 
     p = Path(cfg["path"]).expanduser()
     if not p.is_dir():
-        raise DataError(f"image folder {p} does not exist (paper presets need the data on disk)")
+        raise DataError(f"image folder {p} (data.path) does not exist: put the images there or point data.path at "
+                        "them (--set data.path=DIR, or in the preset)")
     ds = datasets.load_dataset("imagefolder", data_dir=str(p))
     tune = float(cfg.get("tune_fraction") or 0.0)
     train = ds["train"]

@@ -105,7 +105,8 @@ def local_dataset(path: str, field: str = "text"):
 
     p = Path(path).expanduser()
     if not p.exists():
-        raise DataError(f"local dataset path {p} does not exist (paper presets need the data on disk)")
+        raise DataError(f"local dataset path {p} (data.path) does not exist: put the data there (the preset's header "
+                        "says how) or point data.path at it (--set data.path=DIR, or in the preset)")
     if (p / "dataset_info.json").exists() or (p / "state.json").exists():
         ds = datasets.load_from_disk(str(p))
         ds = ds["train"] if isinstance(ds, datasets.DatasetDict) else ds
