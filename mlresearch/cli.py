@@ -5,7 +5,7 @@
     mlresearch vcycle  CONFIG [--out DIR] [--resume] [--baseline]        V-cycle (and its baseline)
     mlresearch compare BASELINE_RUN VCYCLE_RUN                           FLOPs/wall saving
     mlresearch study SPEC [--stage S] [--dry-run] [--launch CMD]          a study spec, resumable
-    mlresearch table [--readme README.md]                                study tables from results/
+    mlresearch table [--docs README.md docs/results.md]                  study tables from results/
     mlresearch downstream RUN_DIR... [--skip-done]                       downstream checks of finished runs
     mlresearch similarity --run DIR | --model DIR [--data CONFIG] --metric cka --out DIR
     mlresearch new gpt2 --out DIR --layers 4 --heads 4 --hidden 128 [--set vocab_size=8192]
@@ -284,11 +284,15 @@ def _cmd_table(args: argparse.Namespace) -> int:
 
     if not Path(args.results).is_dir():
         raise FileNotFoundError(errno.ENOENT, "--results names no directory of runs", args.results)
-    if args.readme and not Path(args.readme).is_file():
-        raise FileNotFoundError(errno.ENOENT, "--readme names no file", args.readme)
-    table = write_tables(args.results, args.readme)
+    docs = [*(args.docs or []), *([args.readme] if args.readme else [])]
+    for path in docs:
+        if not Path(path).is_file():
+            raise FileNotFoundError(errno.ENOENT, "--docs / --readme names no file", path)
+    from .study_runner import headlines
+
+    table = write_tables(args.results, docs, headlines(args.results) if docs else None)
     print(markdown(table))
-    print(f"wrote {args.results}/tables/" + (f" and the Results section of {args.readme}" if args.readme else ""))
+    print(f"wrote {args.results}/tables/" + (f" and the generated blocks of {', '.join(map(str, docs))}" if docs else ""))
     return 0
 
 
@@ -349,7 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("table", help="study tables from every run in results/ (and README's Results)")
     p.add_argument("--results", default="results")
-    p.add_argument("--readme", help="also rewrite this file's Results section (between its markers)")
+    p.add_argument("--docs", nargs="+", metavar="FILE",
+                   help="also rewrite these files' generated blocks (<!-- answer:start --> ..., <!-- results:start --> ...)")
+    p.add_argument("--readme", help="the same as --docs FILE, for one file")
     p.set_defaults(func=_cmd_table)
 
     p = sub.add_parser("similarity", help="inter/intra-layer similarity maps of a run or a model")

@@ -21,7 +21,7 @@ from .tasks import task_of
 from .training.compare import NonFiniteLoss, compare_runs, reach
 from .training.config import load_config
 from .training.engine import read_metrics
-from .training.methods import describe_run, planned_ledger
+from .training.methods import TITLES, describe_run, planned_ledger
 from .training.models import parameter_counts
 
 PAPER = pd.DataFrame([
@@ -33,6 +33,9 @@ PAPER = pd.DataFrame([
 ]).assign(source="paper (reported)")
 
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
+# Generated blocks of the README and docs/: <!-- NAME:start --> ... <!-- NAME:end -->, rewritten by
+# `mlresearch table --docs FILE...`; tests/test_docs.py fails when one is stale.
+BLOCKS = ("answer", "results")
 
 
 def _runs(results: Path):
@@ -208,6 +211,27 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
+# The choices a variant shares with the paper's V-cycle or with most runs: left out of its name.
+_PLAIN = {"levels": 2, "scheme": "halving", "optimizer": "reset", "budget": "preset"}
+
+
+def variant_name(row) -> str:
+    """A variant's name for a reader ("V-cycle, alpha 0.5", "G_stack", "small shape alone, 13500
+    steps"): the method's title and each choice that sets the variant apart, never a run id."""
+    title = TITLES.get(str(row.method), str(row.method))
+    parts = [title]
+    for key, fmt in (("levels", "{} levels"), ("scheme", "{}"), ("alpha", "alpha {}"), ("optimizer", "optimizer {}"),
+                     ("budget", "{}")):
+        value = getattr(row, key, "-")
+        if value is None or (not isinstance(value, str) and pd.isna(value)) or value == "-":
+            continue
+        value = int(value) if key == "levels" else value
+        if _PLAIN.get(key) == value or (key == "scheme" and title.lower() in str(value).lower()):
+            continue  # "G_stack x2" under G_stack says nothing new
+        parts.append(fmt.format(value))
+    return ", ".join(parts)
+
+
 def markdown(table: pd.DataFrame) -> str:
     """The study table: each variant against the *annealed* frontier of its seed (saved at matched
     loss, speedup, loss at equal FLOPs against the full and the small shape), mean ± sd over seeds;
@@ -241,6 +265,73 @@ def markdown(table: pd.DataFrame) -> str:
     return header + "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in t.itertuples(index=False))
 
 
+def answer(table: pd.DataFrame) -> str:
+    """The README's answer: for each study experiment, its headline rows (the spec's main runs and
+    the best V-cycle) against the annealed frontier of their own seeds, mean ± sd over seeds, best
+    saving first."""
+    if table.empty:
+        return "_No headline runs in results/ yet._"
+    t = table.copy()
+    t["_order"] = t.get("saved_pct_mean", pd.Series(math.nan, index=t.index)).fillna(-math.inf)
+    t = t.sort_values(["experiment", "_order"], ascending=[True, False])
+    rows = []
+    for r in t.itertuples(index=False):
+        cells = [getattr(r, f"{c}_cell", "no frontier yet") for c in ("saved_pct", "loss_gap", "small_loss_gap")]
+        label = getattr(r, "label", "")
+        name = variant_name(r) + (f" ({label})" if isinstance(label, str) and label else "")
+        rows.append([r.experiment, name, str(int(r.seeds)), *cells,
+                     "-" if pd.isna(getattr(r, "tokens_per_parameter", math.nan)) else f"{r.tokens_per_parameter:.1f}"])
+    head = ["experiment", "method", "seeds", "FLOPs saved % at matched loss", "loss - annealed baseline at equal FLOPs",
+            "loss - small shape alone at equal FLOPs", "tokens per full-model parameter"]
+    return ("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n" +
+            "".join("| " + " | ".join(row) + " |\n" for row in rows))
+
+
+def generated_blocks(runs: pd.DataFrame, headline: dict[str, dict[str, str]] | None = None) -> dict[str, str]:
+    """The text of every generated block, from :func:`collect`'s rows and the headline run
+    directories (with their labels) of each study experiment (:func:`mlresearch.study_runner.headlines`)."""
+    table = variants(runs)
+    blocks = {"results": markdown(table)}
+    if headline is not None:
+        mine = runs[[run in headline.get(e, {}) for e, run in zip(runs.experiment, runs.run)]] if len(runs) else runs
+        labels = {(e, run): label for e, runs_ in headline.items() for run, label in runs_.items()}
+        table = variants(mine)
+        if len(table):  # a row's label is its runs' (the same spec run on every seed)
+            keys = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget"]
+            named = mine.assign(label=[labels[e, run] for e, run in zip(mine.experiment, mine.run)])
+            table = table.merge(named.groupby(keys, dropna=False)["label"].first().reset_index(), on=keys, how="left")
+        blocks["answer"] = answer(table)
+    return blocks
+
+
+def block_text(body: str, name: str) -> str | None:
+    """The text inside ``body``'s generated block ``name`` (None when it has none)."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if start not in body or end not in body:
+        return None
+    return body.split(start, 1)[1].split(end, 1)[0].removeprefix("\n")
+
+
+def fill_blocks(path: Path, blocks: dict[str, str]) -> list[str]:
+    """Rewrite every generated block of ``path`` that ``blocks`` has; returns their names. A file
+    with none of them is refused (the markers were lost)."""
+    from .checkpoint import atomic_write_text
+
+    body, done = path.read_text(), []
+    for name, text in blocks.items():
+        if block_text(body, name) is None:
+            continue
+        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+        head, rest = body.split(start, 1)
+        body = f"{head}{start}\n{text}{end}{rest.split(end, 1)[1]}"
+        done.append(name)
+    if not done:
+        raise ValueError(f"{path} has no generated block (<!-- NAME:start --> ... <!-- NAME:end -->, NAME in "
+                         f"{', '.join(blocks)})")
+    atomic_write_text(path, body)
+    return done
+
+
 def paper_style(table: pd.DataFrame) -> pd.DataFrame:
     """Our variants in the paper's table layout (measured; the saving at matched loss against the
     annealed frontier of each seed), followed by the paper's reported rows (against one baseline)."""
@@ -270,7 +361,10 @@ def _downstream_cell(row) -> str:
     return cell
 
 
-def write_tables(results: str | Path = "results", readme: str | Path | None = None) -> pd.DataFrame:
+def write_tables(results: str | Path = "results", docs: list | tuple = (),
+                 headline: dict[str, dict[str, str]] | None = None) -> pd.DataFrame:
+    """``results/tables/{runs,variants}.csv`` and ``variants.md``; then every generated block of the
+    ``docs`` files (the README, docs/*.md)."""
     from .checkpoint import atomic_write_text
 
     results = Path(results)
@@ -279,16 +373,11 @@ def write_tables(results: str | Path = "results", readme: str | Path | None = No
     (results / "tables").mkdir(parents=True, exist_ok=True)
     atomic_write_text(results / "tables" / "runs.csv", runs.to_csv(index=False))
     atomic_write_text(results / "tables" / "variants.csv", table.to_csv(index=False))
-    text = markdown(table)
-    atomic_write_text(results / "tables" / "variants.md", text)
-    if readme is not None:
-        path = Path(readme)
-        body = path.read_text()
-        if README_START not in body or README_END not in body:
-            raise ValueError(f"{path} has no {README_START} ... {README_END} section")
-        head, rest = body.split(README_START, 1)
-        _, tail = rest.split(README_END, 1)
-        atomic_write_text(path, f"{head}{README_START}\n{text}{README_END}{tail}")
+    atomic_write_text(results / "tables" / "variants.md", markdown(table))
+    if docs:
+        blocks = generated_blocks(runs, headline)
+        for path in docs:
+            fill_blocks(Path(path), blocks)
     return table
 
 

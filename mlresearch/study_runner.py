@@ -62,6 +62,11 @@ STUDY_KEYS = {"config", "root", "tuning", "seeds", "variant_seeds", "runs", "bes
 FRONTIER_KEYS = {"budgets", "small_budgets", "check_lr"}
 
 
+# A run of a spec: its method, overrides, whether it is a main row (on every seed), whether it gets the
+# baseline's FLOPs (the small control), and what the answer table adds to its name ("the paper's recipe").
+RUN_KEYS = {"method", "set", "main", "equal_flops", "label"}
+
+
 def load_study(path: str | Path) -> dict:
     """A study spec (experiments/studies/*.yaml): which runs, on which seeds, how the baseline is
     tuned and among which variants the best is chosen. Checked whole before any run starts."""
@@ -104,8 +109,10 @@ def load_study(path: str | Path) -> dict:
     for name, item in runs.items():
         if name == "baseline" or not isinstance(item, dict) or item.get("method") not in METHODS:
             raise bad(f"run {name!r} needs a method among {sorted(METHODS)} (and may not be called baseline)")
-        if set(item) - {"method", "set", "main", "equal_flops"}:
-            raise bad(f"run {name!r} has unknown keys {sorted(set(item) - {'method', 'set', 'main', 'equal_flops'})}")
+        if set(item) - RUN_KEYS:
+            raise bad(f"run {name!r} has unknown keys {sorted(set(item) - RUN_KEYS)} (known: {sorted(RUN_KEYS)})")
+        if not isinstance(item.get("label", ""), str):
+            raise bad(f"run {name!r}: label must be text (how the answer table names the row), got {item['label']!r}")
         strings(item.get("set", []), f"run {name!r}: set")
     if "best" in spec and not isinstance(spec["best"], dict):
         raise bad(f"best must be a mapping with among: [run names], got {spec['best']!r}")
@@ -548,6 +555,30 @@ class Study:
             for seed in seeds:
                 self.run(choice, seed)
 
+    def headline_runs(self) -> dict[str, str]:
+        """The run directories (names under ``<root>/<experiment>/``) of the rows that answer the
+        question, each with its label: the spec's main runs (their ``label``, if any) and, once its
+        candidates have finished, the best V-cycle ("best by tuning loss"), on every seed. The
+        README's answer table shows these; the full table shows every run."""
+        names = {n: item.get("label", "") for n, item in self.spec["runs"].items() if item.get("main")}
+        among = (self.spec.get("best") or {}).get("among", [])
+        scores = {}
+        for name in among:
+            item = self.spec["runs"][name]
+            outs = [self.out(name, item, load_config(self.config, [f"seed={s}", *item.get("set", [])]))
+                    for s in self.spec["variant_seeds"]]
+            if all((o / "summary.json").exists() for o in outs):
+                scores[name] = sum(tuning_loss(o) for o in outs) / len(outs)
+        if among and len(scores) == len(among):
+            best = min(scores, key=scores.get)
+            names[best] = ", ".join(x for x in (names.get(best), "best by tuning loss") if x)
+        dirs = {}
+        for name, label in names.items():
+            item = self.spec["runs"][name]
+            for seed in self.spec["seeds"]:
+                dirs[self.out(name, item, load_config(self.config, [f"seed={seed}", *item.get("set", [])])).name] = label
+        return dirs
+
     # ----------------------------------------------------------------------------------- report
     def report(self) -> pd.DataFrame:
         """Every finished run of the spec against the baseline of its seed (mean and spread over
@@ -574,6 +605,19 @@ class Study:
               f"({len(recorded)} runs)" + (f" + ~{estimate / 3600:.2f} estimated for {len(missing)} runs trained before "
                                             "CPU time was recorded (training wall time x threads)" if missing else ""))
         return table
+
+
+def headlines(results: str | Path) -> dict[str, dict[str, str]]:
+    """experiment -> its headline run directories and labels (:meth:`Study.headline_runs`), for every committed
+    study spec (``experiments/studies/*.yaml``) whose root is ``results`` (a relative root read from
+    the repository)."""
+    out = {}
+    for path in sorted((REPO / "experiments" / "studies").glob("*.yaml")):
+        root = Path(load_study(path).get("root") or "runs")
+        if (root if root.is_absolute() else REPO / root).resolve() == Path(results).resolve():
+            study = Study(path)
+            out[study.experiment] = study.headline_runs()
+    return out
 
 
 def run_study(path: str | Path, stage: str = "all", dry_run: bool = False, launch: str | None = None) -> pd.DataFrame:

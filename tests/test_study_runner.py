@@ -101,7 +101,8 @@ def test_a_finished_run_with_another_configuration_is_not_reused(tmp_path):
         run_study(path)
 
 
-@pytest.mark.parametrize("spec", sorted((CONFIGS.parent / "studies").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("spec", sorted((CONFIGS.parent / "studies").rglob("*.yaml")),
+                         ids=lambda p: str(p.relative_to(CONFIGS.parent / "studies")))
 def test_every_committed_study_spec_validates_and_plans_every_run(spec):
     study = Study(spec, dry_run=True)  # checks the spec whole and builds every run's plan; trains nothing
     study.tune()  # the committed tuning choice, where results/ has one (a dry run writes nothing)

@@ -508,7 +508,7 @@ def test_similarity_guided_scheme_in_the_vcycle(name, tmp_path):
 
 
 def test_study_tables_and_readme_section(tmp_path):
-    from mlresearch.study import README_END, README_START, write_tables
+    from mlresearch.study import block_text, write_tables
 
     results = tmp_path / "results"
     for seed in (0, 1):
@@ -520,9 +520,11 @@ def test_study_tables_and_readme_section(tmp_path):
     # A run kept as a record in a directory without its baseline has nothing to be compared with: left out
     # (it must not be averaged into the same-named variant of the experiment).
     __import__("shutil").copytree(results / "gpt2_smoke" / "vcycle-seed0", results / "gpt2_smoke-record" / "vcycle-seed0")
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n{README_START}\nold\n{README_END}\nafter\n")
-    table = write_tables(results, readme)
+    readme, doc = tmp_path / "README.md", tmp_path / "results.md"
+    readme.write_text("# x\n<!-- answer:start -->\nold\n<!-- answer:end -->\nmiddle\n<!-- results:start -->\nold\n"
+                      "<!-- results:end -->\nafter\n")
+    doc.write_text("# y\n<!-- results:start -->\nold\n<!-- results:end -->\n")
+    table = write_tables(results, [readme, doc], headline={"gpt2_smoke": ["vcycle-seed0", "vcycle-seed1"]})
     assert sorted(zip(table.method, table.seeds)) == [("small", 1), ("staged", 1), ("vcycle", 2)]
     runs = __import__("pandas").read_csv(results / "tables" / "runs.csv")
     assert len(runs) == 4 and sorted(runs.run) == ["small-seed0", "staged-seed0", "vcycle-seed0", "vcycle-seed1"]
@@ -537,7 +539,16 @@ def test_study_tables_and_readme_section(tmp_path):
         assert r.baseline_tokens == 8 * 32 * reach(base_rows, c["target_val_loss"])["step"]
     text = readme.read_text()
     assert "old" not in text and "| gpt2_smoke | vcycle | 2 | halving |" in text and text.endswith("after\n")
-    assert "| gpt2_smoke | staged | 2 | grow width |" in text
+    assert "| gpt2_smoke | staged | 2 | grow width |" in text and "\nmiddle\n" in text
+    assert block_text(doc.read_text(), "results") == block_text(text, "results")
+    # The answer shows the headline runs only, by name, with their seeds (no frontier here: said so).
+    answer = block_text(text, "answer").splitlines()
+    assert len(answer) == 3 and answer[2].startswith("| gpt2_smoke | V-cycle, alpha 0.25 | 2 | no frontier yet |"), answer
+    bare = tmp_path / "bare.md"
+    bare.write_text("no markers\n")
+    with pytest.raises(ValueError, match="has no generated block"):
+        write_tables(results, [bare])
+    assert bare.read_text() == "no markers\n"
 
     # Wall time as the quiet per-shape benchmark models it: with 1 s a step for the full 2L/32d/4h model
     # and 0.25 s for the V-cycle's small 1L/16d/2h, the V-cycle (2 + 6 full steps, 6 small) models at

@@ -8,6 +8,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
+from ..study import variant_name
+
 
 def heatmap(matrix, ax=None, title: str = "", label: str = "i", value: str = "similarity", vmin=None, vmax=None):
     m = matrix.numpy() if isinstance(matrix, torch.Tensor) else matrix
@@ -36,11 +38,14 @@ def small_multiples(matrices: dict, title: str, label: str = "layer", value: str
 
 def trend(summary: pd.DataFrame, title: str = "Similarity over training"):
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    x = range(len(summary))
+    # Snapshots of several phases (a V-cycle's) share step numbers: their order, labelled "phase step N".
+    x = list(summary["step"]) if summary["step"].is_monotonic_increasing else list(range(len(summary)))
     for column, label in (("adjacent_layers", "mean adjacent-layer"), ("within_layer_heads", "mean within-layer heads")):
         ax.plot(x, summary[column], marker="o", label=label)
-    ax.set_xticks(list(x), summary["snapshot"], rotation=45, ha="right", fontsize=7)
-    ax.set(ylabel="similarity", title=title)
+    if not summary["step"].is_monotonic_increasing:
+        ax.set_xticks(x, [f"{p} step {s}" for p, s in zip(summary["phase"], summary["step"])], rotation=45, ha="right",
+                      fontsize=7)
+    ax.set(xlabel="training step", ylabel="similarity", title=title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -57,17 +62,6 @@ def save(fig, path: str | Path, close: bool = True) -> Path:
     if close:
         plt.close(fig)
     return path
-
-
-def variant_label(row) -> str:
-    """A variant's readable name in a legend: its method and the choices that set it apart."""
-    parts = [str(row.method)]
-    for key, fmt in (("levels", "{}L"), ("scheme", "{}"), ("alpha", "alpha {}"), ("optimizer", "optimizer {}"),
-                     ("budget", "{}")):
-        value = getattr(row, key, "-")
-        if value is not None and not pd.isna(value) and value != "-" and not (key == "levels" and value == 2):
-            parts.append(fmt.format(int(value) if key == "levels" else value))
-    return ", ".join(parts)
 
 
 def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str):
@@ -96,7 +90,7 @@ def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str):
                     xerr=part.method_total_flops.std() if len(part) > 1 else None,
                     yerr=part.method_full_val_loss.std() if len(part) > 1 else None,
                     fmt=markers.get(row.method, "^"), color=colours[i % len(colours)], ms=6, capsize=3,
-                    label=f"{variant_label(row)} ({len(part)} seed{'s' * (len(part) > 1)})")
+                    label=f"{variant_name(row)} ({len(part)} seed{'s' * (len(part) > 1)})")
     ax.set_xscale("log")
     ax.set(xlabel="training FLOPs (log)", ylabel="final validation loss (full split)",
            title=f"{experiment}: end points against the annealed frontiers\n(band: range over seeds; error bars: sd)")

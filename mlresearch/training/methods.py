@@ -97,6 +97,7 @@ READS: dict[str, tuple[str, ...]] = {}  # the config's method sections each meth
 # {levels, scheme, alpha, optimizer, budget} (the columns that tell one variant from another).
 DESCRIBE: dict[str, Callable[[dict], dict]] = {}
 RUN_NAMES: dict[str, Callable[[RunConfig], str]] = {}  # fn(cfg) -> a run's directory name, less "-seed<seed>"
+TITLES: dict[str, str] = {}  # how tables, figures and the README name the method ("G_stack", "V-cycle")
 
 
 def transition(name: str, cost: Callable | None = None, check: Callable | None = None):
@@ -122,14 +123,16 @@ def check_plan(cfg: RunConfig, plan: Plan, data) -> None:
 
 
 def method(name: str, reads: tuple[str, ...] = (), describe: Callable[[dict], dict] | None = None,
-           run_name: Callable[[RunConfig], str] | None = None):
+           run_name: Callable[[RunConfig], str] | None = None, title: str | None = None):
     """Register ``fn(cfg) -> plan`` as method ``name``; ``reads``: the method sections of the config
     (``vcycle``, ``staged``) it depends on, so a run is not told its config changed when another
     method's section did; ``describe``: how a results table names its runs (see :data:`DESCRIBE`);
     ``run_name``: its runs' directory name, less the seed (default: the method and the V-cycle's
-    shapes it depends on, as the small-model control's)."""
+    shapes it depends on, as the small-model control's); ``title``: its name for a reader (default
+    ``name``)."""
     def register(fn):
         METHODS[name] = fn
+        TITLES[name] = title or name
         READS[name] = reads
         DESCRIBE[name] = describe or (lambda config: {})
         RUN_NAMES[name] = run_name or (lambda cfg: _shapes_name(name, cfg))
@@ -409,7 +412,7 @@ def _rebind(optimizer, old_model, new_model):
 
 
 # ----------------------------------------------------------------------------- methods
-@method("baseline", run_name=lambda cfg: "baseline")
+@method("baseline", run_name=lambda cfg: "baseline", title="baseline")
 def baseline(cfg: RunConfig) -> Plan:
     """The full model from scratch for the config's budget."""
     t = cfg.train
@@ -429,7 +432,7 @@ def _describe_small(config: dict) -> dict:
     return {"levels": v.get("levels"), "scheme": v.get("scheme", "-"), "budget": f"{config['train']['steps']} steps"}
 
 
-@method("small", reads=("vcycle",), describe=_describe_small)
+@method("small", reads=("vcycle",), describe=_describe_small, title="small shape alone")
 def small(cfg: RunConfig) -> Plan:
     """The control every growth method must beat: the coalesced shape (the V-cycle's smallest level)
     trained from scratch with the same data, steps and batch as the baseline, at the smallest
@@ -456,7 +459,7 @@ def _vcycle_name(cfg: RunConfig) -> str:
     return f"vcycle-L{v.levels}-{name_part(v.scheme)}-a{v.alpha}-{v.optimizer}{variant}" + (f"-{v.tag}" if v.tag else "")
 
 
-@method("vcycle", reads=("vcycle",), describe=_describe_vcycle, run_name=_vcycle_name)
+@method("vcycle", reads=("vcycle",), describe=_describe_vcycle, run_name=_vcycle_name, title="V-cycle")
 def vcycle(cfg: RunConfig) -> Plan:
     """The multi-level V-cycle (Zou et al., A.5.2) with K levels::
 
@@ -503,7 +506,8 @@ def _describe_staged(config: dict) -> dict:
 
 
 @method("staged", reads=("staged",), describe=_describe_staged,
-        run_name=lambda cfg: f"staged-{'-'.join(cfg.staged.grow)}" + (f"-{cfg.staged.tag}" if cfg.staged.tag else ""))
+        run_name=lambda cfg: f"staged-{'-'.join(cfg.staged.grow)}" + (f"-{cfg.staged.tag}" if cfg.staged.tag else ""),
+        title="staged training")
 def staged(cfg: RunConfig) -> Plan:
     """Staged training (Shen et al. 2022): the config's model shrunk by ``staged.grow``, trained for
     each stage's steps on the full model's LR schedule, grown x2 with the training state, the schedule
@@ -549,7 +553,8 @@ def _describe_stack(config: dict) -> dict:
 
 
 @method("stack", reads=("stack",), describe=_describe_stack,
-        run_name=lambda cfg: f"stack-x{cfg.stack.factor}" + (f"-{cfg.stack.tag}" if cfg.stack.tag else ""))
+        run_name=lambda cfg: f"stack-x{cfg.stack.factor}" + (f"-{cfg.stack.tag}" if cfg.stack.tag else ""),
+        title="G_stack")
 def stack(cfg: RunConfig) -> Plan:
     """G_stack (Du et al. 2024): 1/factor of the layers for ``stack.steps`` on the full schedule, the
     stack copied ``factor`` times, a fresh optimizer re-entering the schedule through ``rewarmup``."""

@@ -1,0 +1,77 @@
+"""The README and docs/ as a reader meets them: generated blocks equal what results/ gives now,
+every link and image resolves inside the repository, the README stays short, and a number its
+prose quotes is one the generated answer shows."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "experiments" / "configs" / "README.md",
+         REPO / "experiments" / "studies" / "README.md"]
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    from mlresearch.study import collect, generated_blocks
+    from mlresearch.study_runner import headlines
+
+    results = REPO / "results"
+    return generated_blocks(collect(results), headlines(results))
+
+
+def test_every_generated_block_is_what_results_gives_now(blocks):
+    from mlresearch.study import BLOCKS, block_text
+
+    seen = []
+    for page in PAGES:
+        body = page.read_text()
+        for name in BLOCKS:
+            text = block_text(body, name)
+            if text is not None:
+                seen.append((page.name, name))
+                assert text == blocks[name], (f"{page.relative_to(REPO)}: block {name!r} is stale; run "
+                                              "`mlresearch table --docs README.md docs/results.md`")
+    assert ("README.md", "answer") in seen and ("results.md", "results") in seen, seen
+
+
+def _prose(body: str) -> list[str]:
+    """Paragraphs outside code fences, tables, headings and generated blocks."""
+    body = re.sub(r"```.*?```", "", body, flags=re.S)
+    body = re.sub(r"<!-- (\w+):start -->.*?<!-- \1:end -->", "", body, flags=re.S)
+    paragraphs = [p for p in re.split(r"\n\s*\n", body) if p.strip()]
+    return [p for p in paragraphs if not p.lstrip().startswith(("|", "#", "!["))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_link_and_image_resolves_inside_the_repository(page):
+    body = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    targets = re.findall(r"\]\(([^)\s]+)\)", body)
+    assert "../shared" not in page.read_text(), f"{page.name} cites a file outside the repository"
+    for target in targets:
+        if re.match(r"[a-z]+://", target) or target.startswith("#"):
+            continue
+        path = (page.parent / target.split("#")[0]).resolve()
+        assert path.exists(), f"{page.relative_to(REPO)} links to {target}, which does not exist"
+        assert REPO in path.parents or path == REPO, f"{page.relative_to(REPO)} links outside the repository: {target}"
+
+
+def test_the_readme_is_short_and_its_paragraphs_are_readable():
+    body = (REPO / "README.md").read_text()
+    assert len(body.splitlines()) <= 250
+    long = [p[:80] for p in _prose(body) if len(p.split()) > 120]
+    assert not long, f"paragraphs over 120 words: {long}"
+
+
+def test_every_spread_the_readme_quotes_is_one_the_answer_shows(blocks):
+    # "12.4 ± 3.6%" in a sentence must be a cell of the generated answer, so the sentence cannot go stale
+    # while the table moves on.
+    prose = "\n".join(_prose((REPO / "README.md").read_text()))
+    quoted = re.findall(r"(\d+\.\d+) ± (\d+\.\d+)", prose)
+    assert quoted, "the README's answer sentence quotes no result"
+    cells = set(re.findall(r"[+-]?(\d+\.\d+) ± (\d+\.\d+)", blocks["answer"]))
+    missing = [f"{m} ± {s}" for m, s in quoted if (m, s) not in cells]
+    assert not missing, f"the README quotes {missing}, which the generated answer does not show"
