@@ -27,6 +27,24 @@ def probe_batch(config_path: str | Path, examples: int = 16) -> dict:
     return {k: v for k, v in make_batch(data, "val", idx, 10**9, cfg.seed).items() if k != "labels"}
 
 
+def _when(row) -> str:
+    """A snapshot as a reader names it: "step 50" (of its phase, when the run has several), or "final"."""
+    if row.step < 0:
+        return "final"
+    return f"step {int(row.step)}" if row.phase in ("baseline", "model") else f"{row.phase} step {int(row.step)}"
+
+
+def _subject(run, model_dir) -> str:
+    """What the maps are of: the run's experiment and model shape, or the model directory's name."""
+    if run is None:
+        return Path(model_dir).name
+    from ..training.config import load_config
+
+    cfg = load_config(Path(run) / "config.yaml")
+    m = cfg.model
+    return f"{cfg.experiment} ({m.family} {m.layers}L/{m.hidden}d/{m.heads}h)"
+
+
 def similarity_report(out: str | Path, run: str | Path | None = None, model_dir: str | Path | None = None,
                       data: str | Path | None = None, metric: str = "cka", examples: int = 16,
                       overwrite: bool = False) -> Path:
@@ -67,14 +85,17 @@ def similarity_report(out: str | Path, run: str | Path | None = None, model_dir:
         frame.to_csv(tmp / "similarity.csv", index=False)
         last = frame[frame.snapshot == frame.snapshot.iloc[-1]]
         layer_kind = "attention" if metric == "attention" else "layers"
-        plots.save(plots.small_multiples({s: matrix_from_frame(frame[frame.snapshot == s], layer_kind)
-                                          for s in frame.snapshot.unique()},
-                                         f"Inter-layer similarity ({name})", "layer", name), tmp / "layers.png")
+        subject = _subject(run, model_dir)
+        snaps = frame.drop_duplicates("snapshot")
+        plots.save(plots.small_multiples({_when(r): matrix_from_frame(frame[frame.snapshot == r.snapshot], layer_kind)
+                                          for r in snaps.itertuples()},
+                                         f"{subject}: inter-layer similarity ({name}) over training", "layer", name),
+                   tmp / "layers.png")
         heads = {f"layer {int(l)}": matrix_from_frame(last, "heads", l) for l in sorted(last.layer.dropna().unique())}
-        plots.save(plots.small_multiples(heads, f"Intra-layer head similarity ({name}), {last.snapshot.iloc[0]}",
-                                         "head", name), tmp / "heads.png")
+        plots.save(plots.small_multiples(heads, f"{subject}: head similarity within each layer ({name}), "
+                                         f"{_when(next(last.itertuples()))}", "head", name), tmp / "heads.png")
         if metric != "attention" and frame.snapshot.nunique() > 1:
             summary = summary_over_training(frame)
             summary.to_csv(tmp / "summary.csv", index=False)
-            plots.save(plots.trend(summary), tmp / "trend.png")
+            plots.save(plots.trend(summary, f"{subject}: mean similarity ({name}) over training"), tmp / "trend.png")
     return Path(out)
