@@ -32,7 +32,6 @@ PAPER = pd.DataFrame([
     {"model": "BERT-Large", "levels": 3, "flops_saving_pct": 51.6, "wall_saving_pct": 41.9},
 ]).assign(source="paper (reported)")
 
-README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 # Generated blocks of the README and docs/: <!-- NAME:start --> ... <!-- NAME:end -->, rewritten by
 # `mlresearch table --docs FILE...`; tests/test_docs.py fails when one is stale.
 BLOCKS = ("answer", "results")

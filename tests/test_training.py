@@ -524,7 +524,7 @@ def test_study_tables_and_readme_section(tmp_path):
     readme.write_text("# x\n<!-- answer:start -->\nold\n<!-- answer:end -->\nmiddle\n<!-- results:start -->\nold\n"
                       "<!-- results:end -->\nafter\n")
     doc.write_text("# y\n<!-- results:start -->\nold\n<!-- results:end -->\n")
-    table = write_tables(results, [readme, doc], headline={"gpt2_smoke": ["vcycle-seed0", "vcycle-seed1"]})
+    table = write_tables(results, [readme, doc], headline={"gpt2_smoke": {"vcycle-seed0": "the paper's", "vcycle-seed1": "the paper's"}})
     assert sorted(zip(table.method, table.seeds)) == [("small", 1), ("staged", 1), ("vcycle", 2)]
     runs = __import__("pandas").read_csv(results / "tables" / "runs.csv")
     assert len(runs) == 4 and sorted(runs.run) == ["small-seed0", "staged-seed0", "vcycle-seed0", "vcycle-seed1"]
@@ -543,7 +543,7 @@ def test_study_tables_and_readme_section(tmp_path):
     assert block_text(doc.read_text(), "results") == block_text(text, "results")
     # The answer shows the headline runs only, by name, with their seeds (no frontier here: said so).
     answer = block_text(text, "answer").splitlines()
-    assert len(answer) == 3 and answer[2].startswith("| gpt2_smoke | V-cycle, alpha 0.25 | 2 | no frontier yet |"), answer
+    assert len(answer) == 3 and answer[2].startswith("| gpt2_smoke | V-cycle, alpha 0.25 (the paper's) | 2 | no frontier yet |"), answer
     bare = tmp_path / "bare.md"
     bare.write_text("no markers\n")
     with pytest.raises(ValueError, match="has no generated block"):
