@@ -35,6 +35,8 @@ PAPER = pd.DataFrame([
 # Generated blocks of the README and docs/: <!-- NAME:start --> ... <!-- NAME:end -->, rewritten by
 # `mlresearch table --docs FILE...`; tests/test_docs.py fails when one is stale.
 BLOCKS = ("answer", "results")
+# What tells one variant of an experiment from another: the rows of variants() and the answer table.
+VARIANT_KEYS = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget"]
 
 
 def _runs(results: Path):
@@ -170,7 +172,7 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
     """Mean and spread over seeds for each experiment x variant."""
     if df.empty:
         return df
-    keys = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget"]
+    keys = VARIANT_KEYS
     df = df.copy()
     floats = ["method_downstream", "baseline_downstream", "acc_flops_saving_pct", "modelled_wall_saving_pct",
               "flops_saving_at_final_pct", "method_tokens", "baseline_tokens", "method_total_tokens",
@@ -296,9 +298,9 @@ def generated_blocks(runs: pd.DataFrame, headline: dict[str, dict[str, str]] | N
         labels = {(e, run): label for e, runs_ in headline.items() for run, label in runs_.items()}
         table = variants(mine)
         if len(table):  # a row's label is its runs' (the same spec run on every seed)
-            keys = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget"]
             named = mine.assign(label=[labels[e, run] for e, run in zip(mine.experiment, mine.run)])
-            table = table.merge(named.groupby(keys, dropna=False)["label"].first().reset_index(), on=keys, how="left")
+            table = table.merge(named.groupby(VARIANT_KEYS, dropna=False)["label"].first().reset_index(),
+                                on=VARIANT_KEYS, how="left")
         blocks["answer"] = answer(table)
     return blocks
 

@@ -48,9 +48,13 @@ def _prose(body: str) -> list[str]:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_link_and_image_resolves_inside_the_repository(page):
-    body = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    text = page.read_text()
+    body = re.sub(r"```.*?```", "", text, flags=re.S)
     targets = re.findall(r"\]\(([^)\s]+)\)", body)
-    assert "../shared" not in page.read_text(), f"{page.name} cites a file outside the repository"
+    # A relative path in plain text or code (`../notes/x.md`) must stay inside the repository too.
+    for mention in re.findall(r"(?<![\w.])\.\./[\w./-]+", text):
+        path = (page.parent / mention).resolve()
+        assert REPO in path.parents or path == REPO, f"{page.relative_to(REPO)} cites {mention}, outside the repository"
     for target in targets:
         if re.match(r"[a-z]+://", target) or target.startswith("#"):
             continue
