@@ -21,7 +21,7 @@ from .tasks import task_of
 from .training.compare import NonFiniteLoss, compare_runs, reach
 from .training.config import load_config
 from .training.engine import read_metrics
-from .training.methods import TITLES, describe_run, planned_ledger
+from .training.methods import describe_run, planned_ledger, title_of
 from .training.models import parameter_counts
 
 PAPER = pd.DataFrame([
@@ -219,7 +219,7 @@ _PLAIN = {"levels": 2, "scheme": "halving", "optimizer": "reset", "budget": "pre
 def variant_name(row) -> str:
     """A variant's name for a reader ("V-cycle, alpha 0.5", "G_stack", "small shape alone, 13500
     steps"): the method's title and each choice that sets the variant apart, never a run id."""
-    title = TITLES.get(str(row.method), str(row.method))
+    title = title_of(str(row.method))
     parts = [title]
     for key, fmt in (("levels", "{} levels"), ("scheme", "{}"), ("alpha", "alpha {}"), ("optimizer", "optimizer {}"),
                      ("budget", "{}")):

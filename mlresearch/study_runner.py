@@ -395,14 +395,12 @@ class Study:
 
     def full_model_lr(self, cfg) -> list[str]:
         """Overrides that give a method's full-size model the baseline's tuned LR and warm-up: the
-        ``train`` section (staged and G_stack train the full model on it) and the V-cycle's level-1 LR;
-        smaller levels keep theirs. Otherwise a method would be compared, at the preset's LR, with a
+        ``train`` section (staged and G_stack train the full model on it) and whatever each method's
+        settings say (``MethodSettings.full_model_lr``: the V-cycle's level-1 LR; smaller levels keep theirs). Otherwise a method would be compared, at the preset's LR, with a
         baseline tuned on its own. (The small-model control keeps its own schedule: it is not the full model.)"""
         lr, warmup = self.baseline
         sets = [f"train.lr={lr}", f"train.warmup={min(warmup, cfg.train.steps)}"]
-        if cfg.vcycle and cfg.vcycle.lr:
-            sets.append("vcycle.lr=[" + ",".join(f"{x:g}" for x in [lr, *cfg.vcycle.lr[1:]]) + "]")
-        return sets
+        return sets + [s for settings in cfg.methods.values() for s in settings.full_model_lr(lr)]
 
     @staticmethod
     def _adopt(candidate: Path, out: Path) -> None:

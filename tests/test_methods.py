@@ -11,8 +11,8 @@ from mlresearch.families import family_of
 from mlresearch.training import methods
 from mlresearch.training.config import ConfigError
 from mlresearch.training.engine import read_metrics
-from mlresearch.training.methods import METHODS, Step, Train, build_plan, planned_ledger
-from mlresearch.training.models import level_sizes
+from mlresearch.training.methods import METHODS, Method, Step, Train, build_plan, planned_ledger
+from mlresearch.training.methods.vcycle import level_sizes
 from mlresearch.training.run import run_method
 
 pytestmark = pytest.mark.usefixtures("isolated_data_cache")
@@ -42,13 +42,12 @@ def test_the_small_control_is_the_smallest_level_trained_for_the_baselines_steps
 
 
 def test_a_new_method_is_one_function_and_a_registry_entry(tmp_path, monkeypatch):
-    @methods.method("down-and-up")
     def down_and_up(cfg):  # coalesce after 2 steps, de-coalesce without merging, finish at full size
         return [Step("new_model", 1), Train("a", 1, 2, cfg.train.lr, 1), Step("choose_scheme", 1),
                 Step("coalesce", 1), Train("b", 2, 2, cfg.train.lr, 1), Step("decoalesce", 1),
                 Train("c", 1, 2, cfg.train.lr, 1)]
 
-    monkeypatch.setitem(METHODS, "down-and-up", down_and_up)
+    monkeypatch.setitem(METHODS, "down-and-up", Method("down-and-up", down_and_up))
     summary = run_method(smoke("gpt2"), "down-and-up", tmp_path / "run")
     assert [p["phase"] for p in summary["phases"]] == ["a", "b", "c"]
     ops = [(r["op"], r["level"]) for r in read_metrics(tmp_path / "run") if r.get("event") == "operator"]
@@ -56,7 +55,7 @@ def test_a_new_method_is_one_function_and_a_registry_entry(tmp_path, monkeypatch
 
 
 def test_a_plan_with_an_unknown_transition_is_a_config_error(monkeypatch):
-    monkeypatch.setitem(METHODS, "broken", lambda cfg: [Step("new_model", 1), Step("teleport", 1)])
+    monkeypatch.setitem(METHODS, "broken", Method("broken", lambda cfg: [Step("new_model", 1), Step("teleport", 1)]))
     with pytest.raises(ConfigError, match=r"unknown transition\(s\) \['teleport'\]"):
         build_plan(smoke("gpt2"), "broken")
     with pytest.raises(ConfigError, match="unknown method 'nope'"):
@@ -101,7 +100,7 @@ def test_cost_plan_prints_gpu_hours_from_the_planned_flops(capsys):
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_staged_training_grows_with_its_state_and_restarts_the_schedule(tmp_path, name):
     from mlresearch.checkpoint import load_state
-    from mlresearch.training.models import staged_schedule, staged_sizes
+    from mlresearch.training.methods.staged import staged_schedule, staged_sizes
 
     cfg = smoke(name)  # gpt2: width once; llama: depth, then width
     run_method(cfg, "staged", tmp_path / "st")
@@ -306,3 +305,43 @@ def test_a_run_records_its_tokens_per_parameter_of_the_full_model(tmp_path):
     assert summary["tokens_per_parameter"] == summary["tokens_total"] / summary["full_model_parameters"]
     small = run_method(cfg, "small", tmp_path / "small")
     assert small["full_model_parameters"] == summary["full_model_parameters"]
+
+
+def test_the_new_method_of_the_contributing_guide_is_one_file_and_runs(tmp_path, monkeypatch):
+    """docs/contributing.md's example, executed as the file it says to write (with its settings
+    section registered): it parses, validates, plans, runs end to end, names its run directory and
+    table columns, and another method's run ignores its section."""
+    import re
+    import sys
+    import types
+    from pathlib import Path
+
+    from mlresearch.training import config as config_module
+    from mlresearch.training.run import config_differences, default_out
+
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "contributing.md").read_text()
+    code = re.search(r"## A new method.*?```python\n(.*?)```", guide, re.S).group(1)
+    module = types.ModuleType("mlresearch.training.methods.mymethod")
+    module.__package__ = "mlresearch.training.methods"
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    try:
+        exec(compile(code, "docs/contributing.md", "exec"), module.__dict__)
+        assert "mymethod" in METHODS and "mymethod" in config_module.SETTINGS
+        with pytest.raises(ConfigError, match=r"mymethod.fraction must be a number in \(0, 1\)"):
+            smoke("gpt2", "mymethod.fraction=1.5")
+        cfg = smoke("gpt2", "mymethod.fraction=0.5")
+        assert cfg.mymethod.fraction == 0.5 and cfg.to_dict()["mymethod"] == {"fraction": 0.5}
+        summary = run_method(cfg, "mymethod", tmp_path / "run")
+        assert [p["phase"] for p in summary["phases"]] == ["small", "full"]
+        assert summary["flops_total"] == planned_ledger(cfg, "mymethod")["flops"]
+        assert default_out(cfg, "mymethod", tmp_path).name == "mymethod-seed0"
+        assert methods.describe_run("mymethod", cfg.to_dict())["budget"] == "fraction 0.5"
+        assert methods.title_of("mymethod") == "My method"
+        # a baseline run does not read the new section: changing it changes nothing of the baseline's
+        run_method(cfg, "baseline", tmp_path / "base")
+        assert config_differences(tmp_path / "base", smoke("gpt2", "mymethod.fraction=0.25"), "baseline") == []
+        assert config_differences(tmp_path / "run", smoke("gpt2", "mymethod.fraction=0.25"), "mymethod") == \
+            ["mymethod.fraction"]
+    finally:  # the registries as they were
+        METHODS.pop("mymethod", None)
+        config_module.SETTINGS.pop("mymethod", None)

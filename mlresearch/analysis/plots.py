@@ -9,6 +9,7 @@ import pandas as pd
 import torch
 
 from ..study import variant_name
+from ..training.methods import METHODS
 
 
 def heatmap(matrix, ax=None, title: str = "", label: str = "i", value: str = "similarity", vmin=None, vmax=None):
@@ -83,13 +84,12 @@ def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str):
         ax.fill_between(g.flops, g.lo, g.hi, color=colour, alpha=0.15, lw=0)
     rows = runs[runs.experiment == experiment]
     keys = ["method", "levels", "scheme", "alpha", "optimizer", "budget"]
-    markers = {"vcycle": "o", "stack": "s", "staged": "D", "small": "v"}
     for i, (key, part) in enumerate(rows.groupby(keys, dropna=False)):
         row = part.iloc[0]
         ax.errorbar(part.method_total_flops.mean(), part.method_full_val_loss.mean(),
                     xerr=part.method_total_flops.std() if len(part) > 1 else None,
                     yerr=part.method_full_val_loss.std() if len(part) > 1 else None,
-                    fmt=markers.get(row.method, "^"), color=colours[i % len(colours)], ms=6, capsize=3,
+                    fmt=METHODS[row.method].marker if row.method in METHODS else "^", color=colours[i % len(colours)], ms=6, capsize=3,
                     label=f"{variant_name(row)} ({len(part)} seed{'s' * (len(part) > 1)})")
     ax.set_xscale("log")
     ax.set(xlabel="training FLOPs (log)", ylabel="final validation loss (full split)",

@@ -29,7 +29,8 @@ import math
 
 from ..checkpoint import read_structured
 from ..errors import MLResearchError
-from .config import SECTIONS, flatten_config
+from .config import DataConfig, ModelConfig, flatten_config
+from .methods import title_of
 from .engine import read_metrics
 
 # What a loss means: the data (corpus, vocabulary, splits, masking), the task, the model's family and
@@ -81,8 +82,8 @@ def measured_settings(run: Path) -> dict:
     if not isinstance(config, dict):
         raise CompareError(f"{run / 'config.yaml'} is not a run config")
     flat = {k: v for k, v in flatten_config(config) if k.split(".")[0] in MEASURED and k not in NOT_MEASURED}
-    for section in ("data", "model"):
-        for f in dataclasses.fields(SECTIONS[section]):
+    for section, cls in (("data", DataConfig), ("model", ModelConfig)):
+        for f in dataclasses.fields(cls):
             key = f"{section}.{f.name}"
             if key not in flat and key not in NOT_MEASURED and f.default is not dataclasses.MISSING:
                 flat[key] = list(f.default) if isinstance(f.default, tuple) else f.default
@@ -186,7 +187,7 @@ def compare_runs(baseline: str | Path, method: str | Path) -> dict:
 
 
 def format_comparison(c: dict) -> str:
-    name = {"vcycle": "V-cycle", "small": "small model alone"}.get(c.get("method", "vcycle"), c.get("method"))
+    name = title_of(c.get("method", "vcycle"))
     lines = [f"target (baseline final val loss): {c['target_val_loss']:.4f}",
              f"baseline: {c['baseline_flops']:.3e} FLOPs, {c['baseline_wall']:.1f} s{_tokens(c['baseline_tokens'])}"]
     if c["reached"]:

@@ -1,7 +1,10 @@
 """Run configs: YAML files validated into dataclasses, with errors that name the bad key.
 
 A config has ``experiment``, ``seed``, ``task``, ``model``, ``data``, ``train`` (the baseline's
-budget and optimiser) and, for the V-cycle, ``vcycle``. See ``experiments/configs/*.yaml``.
+budget and optimiser) and one section per method that has settings of its own, named after the
+method (``vcycle``, ``staged``, ``stack``). This module knows none of those: each method's file
+defines its settings class and registers it with :func:`method_settings`; ``RunConfig.methods``
+holds the sections a config gives, by the method's name. See ``experiments/configs/*.yaml``.
 """
 
 from __future__ import annotations
@@ -83,57 +86,28 @@ class TrainConfig:
     fsdp: bool = False  # shard model and optimizer across processes (accelerate's FSDP2); 1 process: no effect
 
 
-@dataclass
-class VCycleConfig:
-    levels: int = 2
-    scheme: str = "halving"  # halving | halving-stack | width-only | depth-only | similarity | a scheme JSON
-    alpha: Any = 0.25  # a number in [0, 1], "adaptive" / "adaptive-row", or "search" (over alpha_grid)
-    alpha_grid: list = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])  # alpha: search tries these
-    search_batches: int = 4  # alpha: search scores each alpha on this many batches of the tuning split
-    optimizer: str = "reset"  # reset (the paper) | carry (moments mapped by the growth operators)
-    down_steps: list = field(default_factory=list)  # E_a for levels 1..K-1
-    small_steps: int = 0  # the smallest model's steps
-    up_steps: list = field(default_factory=list)  # continued steps for levels K-1..1 (last = level 1)
-    lr: list | None = None  # peak LR per level 1..K (default: train.lr at every level)
-    down_warmup: list | None = None  # warm-up steps of each E_a phase (default: the whole phase)
-    small_warmup: int = 0
-    small_schedule: str | None = None  # the small phase's LR shape (linear | cosine | constant); default train.schedule
-    up_warmup: list | None = None
-    tag: str = ""  # names a budget/LR variant: the run directory gets "-<tag>" (tuning runs)
-    up_path: str = "copy"  # copy: depth de-coalescing copies layers (the paper); identity: new layers start as identity
-    tie_break: float = 0.0  # noise (x each tensor's std) added to the de-coalesced model, to break duplicate units
-    # A saved model ("{seed}" is the run's seed) merged with at level 1 instead of M1 after E_a: what the public
-    # example script does (it merges with the fully trained baseline), to measure that leak; never the method.
-    partner: str = ""
+class MethodSettings:
+    """A method's own config section (a dataclass in the method's file, registered with
+    :func:`method_settings`): ``validate`` checks it with errors naming the key; ``full_model_lr``
+    gives the ``--set`` overrides that move its full-size model's peak LR to ``lr`` (a study's tuned
+    baseline LR), where the section sets an LR of its own."""
+
+    def validate(self, cfg: "RunConfig") -> None:
+        pass
+
+    def full_model_lr(self, lr: float) -> list[str]:
+        return []
 
 
-@dataclass
-class StackConfig:
-    """G_stack (Du et al. 2024): the config's model with 1/factor of its layers, trained for ``steps``
-    on the full schedule, its whole stack copied ``factor`` times, then a fresh optimizer re-entering
-    the schedule at that step through ``rewarmup`` steps, to ``train.steps``."""
-
-    factor: int = 2
-    steps: int = 0
-    rewarmup: int = 0
-    tag: str = ""
+SETTINGS: dict[str, type] = {}  # method name -> its settings class (registered by the method's own file)
 
 
-@dataclass
-class StagedConfig:
-    """Staged training (Shen et al. 2022): start from the config's model shrunk by the growths, train
-    each stage for its ``steps``, grow x2 (``width`` or ``depth``, Adam state carried), and re-enter
-    the full model's LR schedule at S_r = position / constant_op with a ``rewarmup``; the last stage
-    runs to ``train.steps`` of that schedule."""
-
-    grow: list = field(default_factory=lambda: ["width"])  # growths in order: width | depth
-    steps: list = field(default_factory=list)  # steps of each stage before its growth
-    rewarmup: int = 0  # W_r
-    constant_op: list | None = None  # S_small / S_large at equal loss per growth (default: the paper's)
-    depth_where: str = "alternate"  # new blocks: alternate (2i+1) or append
-    trigger: bool = False  # grow when the loss curve says so (B.6); each stage's steps are then its most
-    thresholds: list | None = None  # the trigger's slope threshold per growth (default: the paper's)
-    tag: str = ""
+def method_settings(name: str):
+    """Register the decorated :class:`MethodSettings` dataclass as method ``name``'s config section."""
+    def register(cls):
+        SETTINGS[name] = cls
+        return cls
+    return register
 
 
 @dataclass
@@ -144,17 +118,25 @@ class RunConfig:
     data: DataConfig
     train: TrainConfig
     seed: int = 0
-    vcycle: VCycleConfig | None = None
-    staged: StagedConfig | None = None
-    stack: StackConfig | None = None
+    methods: dict = field(default_factory=dict)  # method name -> its settings (the sections the config gives)
+
+    def __getattr__(self, name: str) -> Any:
+        """``cfg.vcycle``: the settings of a registered method, None when the config has no such section."""
+        if name in SETTINGS:
+            return self.__dict__.get("methods", {}).get(name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The config as its YAML file holds it: one top-level section per registered method (null if absent)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "methods"}
+        out = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in out.items()}
+        return {**out, **{name: dataclasses.asdict(self.methods[name]) if name in self.methods else None
+                          for name in SETTINGS}}
 
 
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "vcycle": VCycleConfig,
-            "staged": StagedConfig, "stack": StackConfig}
-METHOD_SECTIONS = ("vcycle", "staged", "stack")  # sections only some methods read
+def sections() -> dict[str, type]:
+    """Every config section's dataclass: model, data, train and each registered method's settings."""
+    return {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, **SETTINGS}
 
 
 def flatten_config(d: dict | None, prefix: str = ""):
@@ -169,7 +151,9 @@ def flatten_config(d: dict | None, prefix: str = ""):
 def default_value(dotted: str) -> Any:
     """The default of a ``section.key`` setting (``dataclasses.MISSING`` for required ones)."""
     section, _, key = dotted.partition(".")
-    for f in dataclasses.fields(SECTIONS.get(section, RunConfig) if key else RunConfig):
+    if not key and section in SETTINGS:
+        return None
+    for f in dataclasses.fields(sections().get(section, RunConfig) if key else RunConfig):
         if f.name == (key or section):
             return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     return dataclasses.MISSING
@@ -179,6 +163,8 @@ def _check_keys(data: Any, cls, where: str) -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
     names = {f.name for f in dataclasses.fields(cls)}
+    if cls is RunConfig:  # the top level: the fixed sections and one per registered method
+        names = (names - {"methods"}) | set(SETTINGS)
     unknown = sorted(set(data) - names)
     if unknown:
         raise ConfigError(f"unknown key(s) {unknown} in {where}; allowed: {sorted(names)}")
@@ -194,18 +180,18 @@ def _build(cls, data: Any, where: str):
     return cls(**data)
 
 
-def _integer(value, name: str) -> int:
+def integer(value, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ConfigError(f"{name} must be an integer, got {value!r}")
     return value
 
 
-def _positive(value, name: str, zero_ok: bool = False) -> None:
+def positive(value, name: str, zero_ok: bool = False) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (value == 0 and not zero_ok):
         raise ConfigError(f"{name} must be a {'non-negative' if zero_ok else 'positive'} integer, got {value!r}")
 
 
-def _number(value, name: str, low: float, high: float = float("inf"), low_open: bool = False,
+def number(value, name: str, low: float, high: float = float("inf"), low_open: bool = False,
             high_open: bool = False) -> None:
     """A real number in the interval from ``low`` to ``high`` (open where said)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -215,7 +201,13 @@ def _number(value, name: str, low: float, high: float = float("inf"), low_open: 
         raise ConfigError(f"{name} must be a number in {interval}, got {value!r}")
 
 
-def _flag(value, name: str) -> None:
+def tag(value, name: str) -> None:
+    """A ``tag`` setting: it names a run directory, so letters, digits and _ . + - only (or empty)."""
+    if not isinstance(value, str) or (value and not re.fullmatch(r"[A-Za-z0-9_.+-]+", value)):
+        raise ConfigError(f"{name} names a run directory: letters, digits and _ . + - only, got {value!r}")
+
+
+def flag(value, name: str) -> None:
     if not isinstance(value, bool):
         raise ConfigError(f"{name} must be true or false, got {value!r}")
 
@@ -228,10 +220,8 @@ def parse_config(raw: dict, source: str = "config") -> RunConfig:
         model=_build(ModelConfig, raw["model"], "model"),
         data=_build(DataConfig, raw["data"], "data"),
         train=_build(TrainConfig, raw["train"], "train"),
-        seed=_integer(raw.get("seed", 0), "seed"),
-        vcycle=_build(VCycleConfig, raw["vcycle"], "vcycle") if raw.get("vcycle") is not None else None,
-        staged=_build(StagedConfig, raw["staged"], "staged") if raw.get("staged") is not None else None,
-        stack=_build(StackConfig, raw["stack"], "stack") if raw.get("stack") is not None else None,
+        seed=integer(raw.get("seed", 0), "seed"),
+        methods={name: _build(cls, raw[name], name) for name, cls in SETTINGS.items() if raw.get(name) is not None},
     )
     validate(cfg)
     return cfg
@@ -258,15 +248,15 @@ def validate(cfg: RunConfig) -> None:
     validate_model(cfg.model)
     _validate_data(cfg)
     t = cfg.train
-    _positive(t.steps, "train.steps")
-    _positive(t.batch_size, "train.batch_size")
-    _positive(t.warmup, "train.warmup", zero_ok=True)
+    positive(t.steps, "train.steps")
+    positive(t.batch_size, "train.batch_size")
+    positive(t.warmup, "train.warmup", zero_ok=True)
     for name in ("eval_every", "eval_batches", "log_every", "checkpoint_every"):
-        _positive(getattr(t, name), f"train.{name}")
+        positive(getattr(t, name), f"train.{name}")
     if t.threads is not None:
-        _positive(t.threads, "train.threads")
+        positive(t.threads, "train.threads")
     if t.micro_batch_size is not None:
-        _positive(t.micro_batch_size, "train.micro_batch_size")
+        positive(t.micro_batch_size, "train.micro_batch_size")
         if t.batch_size % t.micro_batch_size:
             raise ConfigError(f"train.micro_batch_size {t.micro_batch_size} does not divide train.batch_size "
                               f"{t.batch_size} (the global batch is accumulated from whole micro-batches)")
@@ -276,36 +266,25 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"train.compile: torch.compile has no backend {t.compile!r}; it has "
                           f"{sorted(_compile_backends())} (or true for the default)")
     if t.peak_tflops is not None:
-        _number(t.peak_tflops, "train.peak_tflops", 0, low_open=True)
+        number(t.peak_tflops, "train.peak_tflops", 0, low_open=True)
     if t.grad_clip is not None:
-        _number(t.grad_clip, "train.grad_clip (null or 0 turns clipping off)", 0)
-    _number(t.weight_decay, "train.weight_decay", 0)
-    _number(t.min_lr_ratio, "train.min_lr_ratio", 0, 1)
-    _number(t.eps, "train.eps", 0, low_open=True)
+        number(t.grad_clip, "train.grad_clip (null or 0 turns clipping off)", 0)
+    number(t.weight_decay, "train.weight_decay", 0)
+    number(t.min_lr_ratio, "train.min_lr_ratio", 0, 1)
+    number(t.eps, "train.eps", 0, low_open=True)
     if not isinstance(t.betas, (list, tuple)) or len(t.betas) != 2:
         raise ConfigError(f"train.betas must be two numbers, got {t.betas!r}")
     for i, b in enumerate(t.betas):
-        _number(b, f"train.betas[{i}]", 0, 1, high_open=True)
+        number(b, f"train.betas[{i}]", 0, 1, high_open=True)
     for name in ("bf16", "grad_checkpointing", "keep_snapshots", "fsdp"):
-        _flag(getattr(t, name), f"train.{name}")
+        flag(getattr(t, name), f"train.{name}")
     if t.warmup > t.steps:
         raise ConfigError(f"train.warmup {t.warmup} exceeds train.steps {t.steps}")
     if t.schedule not in ("linear", "cosine", "constant"):
         raise ConfigError(f"train.schedule must be linear, cosine or constant, got {t.schedule!r}")
-    _number(t.lr, "train.lr", 0, low_open=True)
-    if cfg.vcycle is not None:
-        _validate_vcycle(cfg)
-    if cfg.staged is not None:
-        _validate_staged(cfg)
-    if cfg.stack is not None:
-        st = cfg.stack
-        _positive(st.factor, "stack.factor")
-        _positive(st.steps, "stack.steps")
-        _positive(st.rewarmup, "stack.rewarmup", zero_ok=True)
-        if st.factor < 2:
-            raise ConfigError(f"stack.factor must be >= 2, got {st.factor}")
-        if not isinstance(st.tag, str) or (st.tag and not re.fullmatch(r"[A-Za-z0-9_.+-]+", st.tag)):
-            raise ConfigError(f"stack.tag names a run directory: letters, digits and _ . + - only, got {st.tag!r}")
+    number(t.lr, "train.lr", 0, low_open=True)
+    for settings in cfg.methods.values():
+        settings.validate(cfg)
 
 
 def validate_model(m: ModelConfig) -> None:
@@ -313,12 +292,12 @@ def validate_model(m: ModelConfig) -> None:
     if m.family not in FAMILIES:
         raise ConfigError(f"model.family must be one of {sorted(FAMILIES)}, got {m.family!r}")
     for name in ("layers", "heads", "hidden"):
-        _positive(getattr(m, name), f"model.{name}")
+        positive(getattr(m, name), f"model.{name}")
     if m.hidden % m.heads:
         raise ConfigError(f"model.hidden {m.hidden} is not divisible by model.heads {m.heads}")
     for name in ("ffn", "kv_heads"):
         if getattr(m, name) is not None:
-            _positive(getattr(m, name), f"model.{name}")
+            positive(getattr(m, name), f"model.{name}")
     if m.kv_heads and m.heads % m.kv_heads:
         raise ConfigError(f"model.heads {m.heads} is not divisible by model.kv_heads {m.kv_heads}")
     if not isinstance(m.options, dict):
@@ -330,23 +309,23 @@ def validate_model(m: ModelConfig) -> None:
 
 def _validate_data(cfg: RunConfig) -> None:
     d = cfg.data
-    _positive(d.seq_len, "data.seq_len")
-    _positive(d.vocab_size, "data.vocab_size")
+    positive(d.seq_len, "data.seq_len")
+    positive(d.vocab_size, "data.vocab_size")
     if d.tokenizer not in ("train", "gpt2"):
         raise ConfigError(f"data.tokenizer must be 'train' or 'gpt2', got {d.tokenizer!r}")
-    _number(d.val_fraction, "data.val_fraction", 0, 1, low_open=True, high_open=True)
-    _number(d.test_fraction, "data.test_fraction", 0, 1, high_open=True)
-    _number(d.tune_fraction, "data.tune_fraction", 0, 1, high_open=True)
+    number(d.val_fraction, "data.val_fraction", 0, 1, low_open=True, high_open=True)
+    number(d.test_fraction, "data.test_fraction", 0, 1, high_open=True)
+    number(d.tune_fraction, "data.tune_fraction", 0, 1, high_open=True)
     if d.val_fraction + d.test_fraction + d.tune_fraction >= 1:
         raise ConfigError(f"data.val_fraction + data.test_fraction + data.tune_fraction must leave documents to train "
                           f"on, got {d.val_fraction} + {d.test_fraction} + {d.tune_fraction}")
-    _positive(d.num_proc, "data.num_proc")
-    _number(d.mask_prob, "data.mask_prob", 0, 1, low_open=True, high_open=True)
+    positive(d.num_proc, "data.num_proc")
+    number(d.mask_prob, "data.mask_prob", 0, 1, low_open=True, high_open=True)
     if d.prepared_dir is not None and not isinstance(d.prepared_dir, str):
         raise ConfigError(f"data.prepared_dir must be a path, got {d.prepared_dir!r}")
     for name in ("max_documents", "img_size", "examples"):
         if getattr(d, name) is not None:
-            _positive(getattr(d, name), f"data.{name}")
+            positive(getattr(d, name), f"data.{name}")
     if _TASKS[cfg.task].sequences:
         if not isinstance(d.corpus, list) or not d.corpus or not all(isinstance(c, str) for c in d.corpus):
             raise ConfigError(f"data.corpus must be a list of corpus names, e.g. [bible, bbc] (or --set "
@@ -359,99 +338,6 @@ def _validate_data(cfg: RunConfig) -> None:
         planned = 50257 if d.tokenizer == "gpt2" else d.vocab_size
         if vocab is not None and (not isinstance(vocab, int) or vocab < planned):
             raise ConfigError(f"model.options.vocab_size {vocab!r} is smaller than the tokenizer's {planned} tokens")
-
-
-def _validate_staged(cfg: RunConfig) -> None:
-    st = cfg.staged
-    if not isinstance(st.grow, list) or not st.grow or any(g not in ("width", "depth") for g in st.grow):
-        raise ConfigError(f"staged.grow must be a non-empty list of 'width' / 'depth', got {st.grow!r}")
-    if not isinstance(st.steps, list) or len(st.steps) != len(st.grow):
-        raise ConfigError(f"staged.steps needs one entry per growth ({len(st.grow)}), got {st.steps!r}")
-    for i, s in enumerate(st.steps):
-        _positive(s, f"staged.steps[{i}]")
-    _positive(st.rewarmup, "staged.rewarmup", zero_ok=True)
-    if st.constant_op is not None:
-        if not isinstance(st.constant_op, list) or len(st.constant_op) != len(st.grow):
-            raise ConfigError(f"staged.constant_op needs one entry per growth, got {st.constant_op!r}")
-        for i, c in enumerate(st.constant_op):
-            _number(c, f"staged.constant_op[{i}]", 0, low_open=True)
-    _flag(st.trigger, "staged.trigger")
-    if st.thresholds is not None:
-        if not isinstance(st.thresholds, list) or len(st.thresholds) != len(st.grow):
-            raise ConfigError(f"staged.thresholds needs one slope per growth ({len(st.grow)}), got {st.thresholds!r}")
-        for i, t in enumerate(st.thresholds):
-            _number(t, f"staged.thresholds[{i}]", float("-inf"), 0, high_open=True)
-    if st.depth_where not in ("alternate", "append"):
-        raise ConfigError(f"staged.depth_where must be 'alternate' or 'append', got {st.depth_where!r}")
-    if not isinstance(st.tag, str) or (st.tag and not re.fullmatch(r"[A-Za-z0-9_.+-]+", st.tag)):
-        raise ConfigError(f"staged.tag names a run directory: letters, digits and _ . + - only, got {st.tag!r}")
-    # The shapes (they must halve) and the budget are checked when the staged plan is built: they
-    # involve the model and train sections, which a run of another method may change freely.
-
-
-def _validate_vcycle(cfg: RunConfig) -> None:
-    v = cfg.vcycle
-    if isinstance(v.levels, bool) or v.levels not in (2, 3, 4):
-        raise ConfigError(f"vcycle.levels must be 2, 3 or 4, got {v.levels}")
-    k = v.levels - 1
-    for name in ("down_steps", "up_steps"):
-        seq = getattr(v, name)
-        if not isinstance(seq, list) or len(seq) != k:
-            raise ConfigError(f"vcycle.{name} needs one entry per level above the smallest ({k}), got {seq!r}")
-        for i, s in enumerate(seq):
-            _positive(s, f"vcycle.{name}[{i}]", zero_ok=name == "down_steps")
-    _positive(v.small_steps, "vcycle.small_steps")
-    for name, n in (("lr", v.levels), ("down_warmup", k), ("up_warmup", k)):
-        seq = getattr(v, name)
-        if seq is not None and (not isinstance(seq, list) or len(seq) != n):
-            raise ConfigError(f"vcycle.{name} needs {n} entries, got {seq!r}")
-    for i, lr in enumerate(v.lr or []):
-        _number(lr, f"vcycle.lr[{i}]", 0, low_open=True)
-    for name in ("down_warmup", "up_warmup"):
-        for i, w in enumerate(getattr(v, name) or []):
-            _positive(w, f"vcycle.{name}[{i}]", zero_ok=True)
-    _positive(v.small_warmup, "vcycle.small_warmup", zero_ok=True)
-    if v.small_warmup > v.small_steps:
-        raise ConfigError(f"vcycle.small_warmup {v.small_warmup} exceeds vcycle.small_steps {v.small_steps}")
-    if not isinstance(v.partner, str):
-        raise ConfigError(f"vcycle.partner must be a model directory (or empty), got {v.partner!r}")
-    if v.small_schedule not in (None, "linear", "cosine", "constant"):
-        raise ConfigError(f"vcycle.small_schedule must be linear, cosine or constant (or unset: train.schedule), "
-                          f"got {v.small_schedule!r}")
-    if v.down_warmup and any(w > s for w, s in zip(v.down_warmup, v.down_steps)):
-        raise ConfigError("vcycle.down_warmup exceeds its phase's down_steps")
-    if v.up_warmup and any(w > s for w, s in zip(v.up_warmup, v.up_steps)):
-        raise ConfigError("vcycle.up_warmup exceeds its phase's up_steps")
-    if not isinstance(v.tag, str) or not isinstance(v.scheme, str):
-        raise ConfigError(f"vcycle.tag and vcycle.scheme must be strings, got {v.tag!r} and {v.scheme!r}")
-    if v.tag and not re.fullmatch(r"[A-Za-z0-9_.+-]+", v.tag):
-        raise ConfigError(f"vcycle.tag names a run directory: letters, digits and _ . + - only, got {v.tag!r}")
-    if v.up_path not in ("copy", "identity"):
-        raise ConfigError(f"vcycle.up_path must be 'copy' or 'identity', got {v.up_path!r}")
-    _number(v.tie_break, "vcycle.tie_break", 0)
-    if v.optimizer not in ("reset", "carry"):
-        raise ConfigError(f"vcycle.optimizer must be 'reset' or 'carry', got {v.optimizer!r}")
-    alpha = v.alpha
-    if isinstance(alpha, str):
-        if alpha not in ("adaptive", "adaptive-row", "search"):
-            raise ConfigError(f"vcycle.alpha must be a number in [0, 1], 'adaptive', 'adaptive-row' or 'search', "
-                              f"got {alpha!r}")
-        if alpha == "search" and not cfg.data.tune_fraction:
-            raise ConfigError("vcycle.alpha: search chooses alpha on a tuning split held out of training and of the "
-                              "validation split; set data.tune_fraction > 0 (e.g. 0.02)")
-    elif isinstance(alpha, bool) or not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
-        raise ConfigError(f"vcycle.alpha must lie in [0, 1], got {alpha!r}")
-    if not isinstance(v.alpha_grid, list) or not v.alpha_grid:
-        raise ConfigError(f"vcycle.alpha_grid must be a non-empty list of numbers in [0, 1], got {v.alpha_grid!r}")
-    for i, a in enumerate(v.alpha_grid):
-        _number(a, f"vcycle.alpha_grid[{i}]", 0, 1)
-    _positive(v.search_batches, "vcycle.search_batches")
-    named = ("halving", "halving-stack", "width-only", "depth-only", "similarity")
-    if v.scheme not in named and Path(v.scheme).suffix != ".json":
-        raise ConfigError(f"vcycle.scheme must be one of {named} or a .json path, got {v.scheme!r}")
-    # Whether the scheme fits every level (it involves the model section) and the budget (train.steps)
-    # are checked when a plan that reads this section is built (methods.py): a baseline run may
-    # change the model or its steps without the V-cycle's settings standing in its way.
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:

@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from ..families import FAMILIES, Sizes
-from ..operators import Scheme, make_plan
 from .config import ConfigError, RunConfig
 
 
@@ -55,88 +54,14 @@ def check_model_fits_data(cfg: RunConfig, data) -> None:
 
 
 def build_model(cfg: RunConfig, vocab_size: int | None = 8192, special: dict | None = None,
-                device: str | torch.device | None = None, level: int = 1, sizes: Sizes | None = None) -> nn.Module:
-    """A randomly initialised model of the config's size (``level`` k > 1: the V-cycle's level-k size;
-    ``sizes``: that size)."""
+                device: str | torch.device | None = None, sizes: Sizes | None = None) -> nn.Module:
+    """A randomly initialised model of the config's size (or of ``sizes``, a method's smaller model)."""
     family = FAMILIES[cfg.model.family]
-    sizes = sizes or (model_sizes(cfg) if level == 1 else level_sizes(cfg)[level - 1])
+    sizes = sizes or model_sizes(cfg)
     if device is not None:
         with torch.device(device):
             return family.new(sizes, **model_options(cfg, vocab_size, special))
     return family.new(sizes, **model_options(cfg, vocab_size, special))
-
-
-def scheme_for(cfg: RunConfig, model: nn.Module | None = None, sizes: Sizes | None = None,
-               batches: list[dict] | None = None) -> Scheme:
-    """The scheme that coalesces a model of this level (the fixed halving patterns adapt to size;
-    ``similarity`` measures the model on ``batches``; without a model it stands in for halving,
-    which gives the same sizes)."""
-    name = cfg.vcycle.scheme
-    kw = {"heads": sizes.heads, "layers": sizes.layers} if model is None else {}
-    if name == "similarity":
-        if model is None:
-            return Scheme.halving(**kw)
-        from ..analysis.schemes import scheme_from_similarity  # analysis sits above training: no cycle
-
-        return scheme_from_similarity(model, batches or [])
-    if name == "halving":
-        return Scheme.halving(model, **kw)
-    if name == "halving-stack":
-        return Scheme.halving(model, depth="stack", **kw)
-    if name == "width-only":
-        return Scheme.halving(model, depth=None, **kw)
-    if name == "depth-only":
-        return Scheme.halving(model, width=False, **kw)
-    if cfg.vcycle.levels != 2:
-        raise ConfigError("a scheme file fits one model size; use it with vcycle.levels: 2")
-    return Scheme.from_json(name)
-
-
-def level_sizes(cfg: RunConfig) -> list[Sizes]:
-    """Sizes of the models at levels 1..K (raises if the scheme does not fit a level)."""
-    from ..errors import SchemeError
-
-    sizes = [model_sizes(cfg)]
-    for level in range(1, cfg.vcycle.levels):
-        try:
-            scheme = scheme_for(cfg, sizes=sizes[-1])
-            sizes.append(make_plan(sizes[-1], scheme, down=True).small)
-        except SchemeError as exc:
-            raise ConfigError(f"vcycle.scheme does not fit the level-{level} model {sizes[-1]}: {exc}") from exc
-    return sizes
-
-
-def staged_sizes(cfg: RunConfig) -> list[Sizes]:
-    """The model's size in each stage of staged training: the config's model shrunk by every growth,
-    then grown back one growth at a time (the last entry is the config's size)."""
-    st, sizes = cfg.staged, [model_sizes(cfg)]
-    for grow in reversed(st.grow):
-        s = sizes[0]
-        if grow == "width":
-            if s.heads % 2 or s.kv_heads % 2 or s.hidden % 2 or s.ffn % 2:
-                raise ConfigError(f"staged width growth needs an even number of heads, KV heads, hidden and FFN "
-                                  f"units at every stage; {s} is not")
-            sizes.insert(0, s.replace(heads=s.heads // 2, kv_heads=s.kv_heads // 2, hidden=s.hidden // 2,
-                                      ffn=s.ffn // 2))
-        else:
-            if s.layers % 2:
-                raise ConfigError(f"staged depth growth needs an even number of layers at every stage; {s} is not")
-            sizes.insert(0, s.replace(layers=s.layers // 2))
-    return sizes
-
-
-def staged_schedule(cfg: RunConfig) -> list[tuple[int, int]]:
-    """Per stage, (where it enters the full model's LR schedule, how many steps it trains): stage 0
-    starts at 0; after a growth the schedule is re-entered at S_r = position / constant_op (B.5)."""
-    from .schedules import CONSTANT_OP
-
-    st, out, position = cfg.staged, [], 0
-    constants = st.constant_op or [CONSTANT_OP[g] for g in st.grow]
-    for steps, c in zip(st.steps, constants):
-        out.append((position, steps))
-        position = int(round((position + steps) / c))
-    out.append((position, cfg.train.steps - position))
-    return out
 
 
 def parameter_counts(cfg: RunConfig, vocab_size: int | None = None) -> dict[str, int]:

@@ -25,10 +25,10 @@ from ..faults import fault_point
 from ..overwrite import RUN, check_is_run, check_overwrite, check_writable_path
 from ..data.datasets import load_data
 from ..results import provenance, write_json
-from .config import METHOD_SECTIONS, ConfigError, RunConfig, default_value, flatten_config
+from .config import SETTINGS, ConfigError, RunConfig, default_value, flatten_config
 from .engine import (Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, set_rng_state,
                      train_phase)
-from .methods import RUN_NAMES, build_plan, check_plan, execute
+from .methods import METHODS, build_plan, check_plan, execute
 from .models import build_model, check_model_fits_data, data_settings, parameter_counts
 
 
@@ -41,9 +41,9 @@ def runs_root(root: str | Path | None = None) -> Path:
 
 def default_out(cfg: RunConfig, kind: str, root: str | Path | None = None) -> Path:
     """``<root>/<experiment>/<run name>``; the name can never leave the root."""
-    if kind not in RUN_NAMES:
-        raise ConfigError(f"unknown method {kind!r}; known: {sorted(RUN_NAMES)}")
-    name = f"{RUN_NAMES[kind](cfg)}-seed{cfg.seed}"
+    if kind not in METHODS:
+        raise ConfigError(f"unknown method {kind!r}; known: {sorted(METHODS)}")
+    name = f"{METHODS[kind].directory(cfg)}-seed{cfg.seed}"
     base = runs_root(root)
     out = base / cfg.experiment / name
     if not out.resolve().is_relative_to(base.resolve()) or len(out.relative_to(base).parts) != 2:
@@ -71,9 +71,8 @@ def config_differences(out: Path, cfg: RunConfig, kind: str = "vcycle") -> list[
     for k in new.keys() - old.keys():  # a setting added after the run was written: it had its default
         default = default_value(k)
         old[k] = list(default) if isinstance(default, tuple) else default
-    from .methods import READS
-
-    ignored = set(METHOD_SECTIONS) - set(READS.get(kind, METHOD_SECTIONS))  # other methods' sections
+    reads = METHODS[kind].reads if kind in METHODS else tuple(SETTINGS)
+    ignored = set(SETTINGS) - set(reads)  # other methods' sections
     keys = {k for k in set(new) | set(old) if k.split(".")[0] not in ignored}
     for k in keys - set(new):  # a section this config lacks (vcycle: null) counts as its default
         new[k] = None
@@ -163,9 +162,9 @@ class Run:
             self._lock.close()  # releases the flock
             self._lock = None
 
-    def new_model(self, level: int = 1, sizes=None):
+    def new_model(self, sizes=None):
         torch.manual_seed(self.cfg.seed)
-        return build_model(self.cfg, self.data.vocab_size or None, self.data.special, level=level, sizes=sizes)
+        return build_model(self.cfg, self.data.vocab_size or None, self.data.special, sizes=sizes)
 
     def train(self, model, optimizer, phase: Phase):
         start = dict(flops=self.ledger.flops, wall=self.ledger.wall, examples=self.ledger.examples)

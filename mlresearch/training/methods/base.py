@@ -1,0 +1,165 @@
+"""What every method is made of: training phases (:class:`Train`), named transitions (:class:`Step`),
+the state a plan carries (:class:`State`), and :class:`Method`, the one object the rest of the code
+knows a method by. The registries live here; the method files fill them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..config import RunConfig
+
+
+@dataclass(frozen=True)
+class Train:
+    """Train the current model for ``steps`` (warm-up then decay) at peak ``lr``."""
+
+    name: str
+    level: int
+    steps: int
+    lr: float
+    warmup: int
+    horizon: int | None = None  # a longer schedule this phase runs part of (staged training)
+    start: int = 0  # where in that schedule it begins
+    rewarmup: int = 0  # linear re-warm-up into the schedule at ``start``
+    sizes: Any = None  # the model's size (default: the config's model)
+    trigger: float | None = None  # end early when the loss curve's log-log slope rises above this
+    reenter: float | None = None  # start at (where the previous phase ended) / reenter, not at ``start``
+    to_end: bool = False  # with ``reenter``: run to the end of the ``horizon``, not ``steps``
+    kind: str | None = None  # the LR schedule's shape (linear | cosine | constant); default train.schedule
+
+    def placed(self, position: int) -> "Train":
+        """This phase after a previous one ended at schedule ``position`` (the plan's ``start`` and
+        ``steps`` assume every phase ran its planned steps; a trigger may have ended one earlier)."""
+        if self.reenter is None:
+            return self
+        start = int(round(position / self.reenter))
+        return replace(self, start=start, steps=self.horizon - start if self.to_end else self.steps)
+
+
+@dataclass(frozen=True)
+class Step:
+    """A transition: the registered function ``op`` applied at ``level`` with ``options``."""
+
+    op: str
+    level: int
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def option(self, key: str, default: Any = None) -> Any:
+        return dict(self.options).get(key, default)
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{k} {f'{v.layers}L/{v.hidden}d/{v.heads}h' if hasattr(v, 'layers') else v}"
+                          for k, v in self.options)
+        return f"{self.op.replace('_', ' ')} (level {self.level}{'; ' + shown if shown else ''})"
+
+
+Plan = list  # of Train | Step
+
+
+@dataclass
+class State:
+    """What a plan carries from item to item."""
+
+    model: torch.nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    partners: dict[int, torch.nn.Module] = field(default_factory=dict)  # M_k right before coalescing
+    schemes: dict[int, Any] = field(default_factory=dict)  # the scheme that coalesced level k
+    position: int = 0  # where in its LR schedule the last phase ended
+
+
+def _no_columns(config: dict) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class Method:
+    """Everything the code outside a method's file knows of it.
+
+    ``plan(cfg)``: its phases and transitions; ``title``: how tables, figures and the README name it;
+    ``summary``: one line for the docs; ``reads``: the config's method sections it depends on (its
+    own settings, registered in its file with ``config.method_settings``, and any it borrows: the
+    small control reads the V-cycle's), so a run is not told its config changed when another
+    method's section did; ``describe(config as saved)``: the table columns that tell its variants
+    apart (a subset of levels, scheme, alpha, optimizer, budget); ``run_name(cfg)``: its runs'
+    directory name, less ``-seed<seed>``; ``marker``: its end points' marker in figures.
+    """
+
+    name: str
+    plan: Callable[[RunConfig], Plan]
+    title: str = ""
+    summary: str = ""
+    reads: tuple[str, ...] = ()
+    describe: Callable[[dict], dict] = _no_columns
+    run_name: Callable[[RunConfig], str] | None = None
+    marker: str = "^"
+
+    def directory(self, cfg: RunConfig) -> str:
+        """The run directory's name, less ``-seed<seed>``."""
+        return self.run_name(cfg) if self.run_name else self.name
+
+    def display(self) -> str:
+        return self.title or self.name
+
+
+METHODS: dict[str, Method] = {}  # by name, in the order tables list them
+TRANSITIONS: dict[str, Callable] = {}
+COSTS: dict[str, Callable] = {}  # transitions that spend FLOPs: fn(cfg, step, model) -> (FLOPs, examples)
+CHECKS: dict[str, Callable] = {}  # transitions that need something of the data: fn(cfg, step, data) raises
+
+
+def register(method: Method) -> Method:
+    """Add ``method`` to :data:`METHODS` (a method file ends with ``METHOD = register(Method(...))``)."""
+    METHODS[method.name] = method
+    return method
+
+
+def title_of(name: str) -> str:
+    """How a reader sees method ``name`` (its name itself if it is not registered)."""
+    return METHODS[name].display() if name in METHODS else name
+
+
+def transition(name: str, cost: Callable | None = None, check: Callable | None = None):
+    """Register ``fn(run, state, step)`` as transition ``name``. ``cost(cfg, step, model)``: the
+    FLOPs and examples it spends (forward passes that choose something), which the plan counts and
+    the ledger is charged; ``check(cfg, step, data)``: raises before anything is written if the
+    data cannot serve it."""
+    def register_fn(fn):
+        TRANSITIONS[name] = fn
+        if cost:
+            COSTS[name] = cost
+        if check:
+            CHECKS[name] = check
+        return fn
+    return register_fn
+
+
+def name_part(text: str) -> str:
+    """A config value as a piece of a directory name (a scheme path becomes its file stem)."""
+    if text.endswith(".json"):
+        text = "scheme-" + Path(text).stem
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", text)
+
+
+# ----------------------------------------------------------------------------- transitions every method may use
+@transition("new_model")
+def new_model(run, state: State, step: Step) -> None:
+    """A freshly initialised model of the ``sizes`` the step gives (default: the config's)."""
+    state.model, state.optimizer = run.new_model(step.option("sizes")), None
+
+
+def grow(run, state: State, step: Step, name: str, fn) -> None:
+    """Grow with ``fn(model, optimizer) -> (model, optimizer)`` (the growth operators map Adam's
+    moments and keep the step; G_stack returns no optimizer); log the validation loss before and
+    after (equal for the loss-preserving operators)."""
+    from ..engine import evaluate
+
+    before = evaluate(state.model, run.data, run.cfg)["val_loss"]
+    state.model, state.optimizer = run.operator(name, step.level, lambda: fn(state.model, state.optimizer))
+    state.model.train()
+    run.log.write({"event": "grown", "op": name, "level": step.level, "val_loss_before": before,
+                   "val_loss_after": evaluate(state.model, run.data, run.cfg)["val_loss"]})

@@ -1,0 +1,15 @@
+"""The baseline: the full model from scratch for the config's budget (the ``train`` section)."""
+
+from __future__ import annotations
+
+from ..config import RunConfig
+from .base import Method, Plan, Step, Train, register
+
+
+def plan(cfg: RunConfig) -> Plan:
+    t = cfg.train
+    return [Step("new_model", 1), Train("baseline", 1, t.steps, t.lr, t.warmup)]
+
+
+METHOD = register(Method("baseline", plan, title="baseline",
+                         summary="the full model from scratch, its LR schedule decayed at the end of its budget"))
