@@ -78,11 +78,31 @@ def text_tokenizer(task: str, vocab_size: int, train_docs: list[str], key: str, 
     else:
         tok = BertWordPieceTokenizer(lowercase=True)
         tok.train_from_iterator(train_docs, vocab_size=vocab_size, special_tokens=SPECIAL[task], show_progress=False)
+        tok = canonical_ids(tok, SPECIAL[task])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tok.save(str(tmp))
     tmp.replace(path)
     return Tokenizer.from_file(str(path))
+
+
+def canonical_ids(tok, special: list[str]):
+    """``tok`` with its vocabulary's ids in one fixed order: the special tokens first, as given, then
+    every other token sorted as a string. The WordPiece trainer hands out the ids of its alphabet and of
+    equal-count merges in an order that changes from one training to the next (the same tokens, other
+    ids), so without this a masked-LM run trained in a fresh cache is not the run of another cache:
+    its embedding rows go to other tokens. Tokenizing is unchanged (WordPiece matches strings)."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    order = special + sorted(t for t in vocab if t not in special)
+    spec["model"]["vocab"] = {t: i for i, t in enumerate(order)}
+    for added in spec.get("added_tokens", []):
+        added["id"] = spec["model"]["vocab"][added["content"]]
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 def text_fractions(cfg: dict) -> tuple[float, float, float]:
