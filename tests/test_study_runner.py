@@ -111,6 +111,20 @@ def test_every_committed_study_spec_validates_and_plans_every_run(spec):
     assert len(set(outs)) == len(outs), outs
 
 
+@pytest.mark.parametrize("spec", sorted((CONFIGS.parent / "studies" / "records").glob("*_tiny.yaml")),
+                         ids=lambda p: p.name)
+def test_a_record_spec_declares_exactly_the_committed_runs(spec):
+    """The tiny record grids were run by a shell script before study specs existed; their specs must
+    name every committed run with its exact config (a dry run finds each finished, none to run)."""
+    study = Study(spec, dry_run=True)
+    study.all_runs()
+    outs = set(study.runs.values())
+    assert outs and all((out / "summary.json").exists() for out in outs), sorted(map(str, outs))
+    committed = {d for d in study.home.iterdir() if (d / "summary.json").exists()}
+    regime = {d for d in committed if d.name.startswith("small-equalflops") or d.name == "baseline-seed2"}
+    assert committed - regime - outs == set()  # (the regime spec's runs aside) nothing committed is left out
+
+
 def test_a_dry_run_lists_the_warmup_grid_at_the_preset_lr_while_lrs_are_untried(tmp_path, capsys):
     # Only the preset's candidate (lr 0.003, warm-up 2: the experiment's own baseline) has run; the others
     # have no loss yet, so the listing must go on as if the preset won, not as if an untried LR had.

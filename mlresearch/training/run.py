@@ -35,7 +35,7 @@ from .models import build_model, check_model_fits_data, data_settings, parameter
 def runs_root(root: str | Path | None = None) -> Path:
     """Where runs go by default: ``--root``, else ``$MLRESEARCH_RUNS``, else ``runs/`` in the current
     directory. The committed study lives in ``results/`` and is written only when asked for
-    (``--root results``, as ``experiments/study.sh`` does), so a user's runs never land on it."""
+    (``root: results`` in a committed study spec), so a user's runs never land on it."""
     return Path(root or os.environ.get("MLRESEARCH_RUNS") or "runs")
 
 
