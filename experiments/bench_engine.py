@@ -22,7 +22,8 @@ import torch
 from mlresearch.data.datasets import batch_indices, load_data, make_batch
 from mlresearch.results import REPO
 from mlresearch.training.config import load_config
-from mlresearch.training.engine import Ledger, MetricsLog, Phase, compute_loss, new_optimizer, train_phase
+from mlresearch.training.engine import Ledger, MetricsLog, compute_loss, new_optimizer, train_phase
+from mlresearch.training.phase import Phase
 from mlresearch.training.models import build_model
 from mlresearch.training.schedules import WarmupDecay
 

@@ -31,7 +31,8 @@ from mlresearch.results import REPO, provenance
 from mlresearch.study import shape_key
 from mlresearch.study_runner import load_study
 from mlresearch.training.config import ConfigError, load_config
-from mlresearch.training.engine import Ledger, MetricsLog, Phase, train_phase
+from mlresearch.training.engine import Ledger, MetricsLog, train_phase
+from mlresearch.training.phase import Phase
 from mlresearch.training.methods import METHODS, planned_ledger
 from mlresearch.training.models import build_model, data_settings
 

@@ -11,7 +11,7 @@ from mlresearch.families import family_of
 from mlresearch.training import methods
 from mlresearch.training.config import ConfigError
 from mlresearch.training.engine import read_metrics
-from mlresearch.training.methods import METHODS, Method, Step, Train, build_plan, planned_ledger
+from mlresearch.training.methods import METHODS, Method, Phase, Step, build_plan, planned_ledger
 from mlresearch.training.methods.vcycle import level_sizes
 from mlresearch.training.run import run_method
 
@@ -43,9 +43,9 @@ def test_the_small_control_is_the_smallest_level_trained_for_the_baselines_steps
 
 def test_a_new_method_is_one_function_and_a_registry_entry(tmp_path, monkeypatch):
     def down_and_up(cfg):  # coalesce after 2 steps, de-coalesce without merging, finish at full size
-        return [Step("new_model", 1), Train("a", 1, 2, cfg.train.lr, 1), Step("choose_scheme", 1),
-                Step("coalesce", 1), Train("b", 2, 2, cfg.train.lr, 1), Step("decoalesce", 1),
-                Train("c", 1, 2, cfg.train.lr, 1)]
+        return [Step("new_model", 1), Phase("a", 1, 2, cfg.train.lr, 1), Step("choose_scheme", 1),
+                Step("coalesce", 1), Phase("b", 2, 2, cfg.train.lr, 1), Step("decoalesce", 1),
+                Phase("c", 1, 2, cfg.train.lr, 1)]
 
     monkeypatch.setitem(METHODS, "down-and-up", Method("down-and-up", down_and_up))
     summary = run_method(smoke("gpt2"), "down-and-up", tmp_path / "run")

@@ -39,7 +39,7 @@ def test_constant_op_rule():
 def test_a_phase_reentering_the_schedule_drives_an_optimizer():
     """The engine's phase after growth: the base schedule entered at step 3319 through a 200-step
     re-warm-up, as a LambdaLR counting from 0."""
-    from mlresearch.training.engine import Phase
+    from mlresearch.training.phase import Phase
 
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=0.1)

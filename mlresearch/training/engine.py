@@ -34,35 +34,11 @@ from ..faults import fault_point
 from ..tasks import task_of
 from .config import RunConfig
 from .flops import peak_flops, train_flops_per_example
-from .schedules import Offset, Restart, WarmupDecay
+from .phase import Phase
 
 
 class TrainingDiverged(MLResearchError, RuntimeError):
     """The loss became NaN or infinite."""
-
-
-@dataclass
-class Phase:
-    """``steps`` of training under warm-up + decay; by default the schedule spans the phase. A phase
-    may instead run steps ``start .. start + steps`` of a longer schedule of ``horizon`` steps, entered
-    at ``start`` through a linear re-warm-up of ``rewarmup`` steps (staged training after growth)."""
-
-    name: str
-    level: int
-    steps: int
-    lr: float
-    warmup: int
-    horizon: int | None = None
-    start: int = 0
-    rewarmup: int = 0
-    trigger: float | None = None
-    kind: str | None = None  # this phase's schedule shape when it is not the run's (train.schedule)
-
-    def schedule(self, kind: str, floor: float):
-        base = WarmupDecay(self.warmup, self.horizon or self.steps, self.kind or kind, floor)
-        if not self.start and not self.rewarmup:
-            return base
-        return Offset(Restart(base, self.start, self.rewarmup), self.start)
 
 
 @dataclass

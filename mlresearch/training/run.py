@@ -26,9 +26,10 @@ from ..overwrite import RUN, check_is_run, check_overwrite, check_writable_path
 from ..data.datasets import load_data
 from ..results import provenance, write_json
 from .config import SETTINGS, ConfigError, RunConfig, default_value, flatten_config
-from .engine import (Ledger, MetricsLog, Phase, evaluate, new_optimizer, phase_done, set_rng_state,
+from .engine import (Ledger, MetricsLog, evaluate, new_optimizer, phase_done, set_rng_state,
                      train_phase)
 from .methods import METHODS, build_plan, check_plan, execute
+from .phase import Phase
 from .models import build_model, check_model_fits_data, data_settings, parameter_counts
 
 

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 # The registry: each import adds one method (in the order tables and `mlresearch plan` list them).
 from . import baseline, small, staged, stack, vcycle  # noqa: F401
-from .base import METHODS, TRANSITIONS, Method, Plan, State, Step, Train, register, title_of, transition
+from ..phase import Phase
+from .base import METHODS, TRANSITIONS, Method, Plan, State, Step, register, title_of, transition
 from .planning import (H100_BF16_DENSE_TFLOPS, build_plan, check_plan, describe_run, execute, format_cost,
                        format_plan, planned_ledger)
 
-__all__ = ["H100_BF16_DENSE_TFLOPS", "METHODS", "TRANSITIONS", "Method", "Plan", "State", "Step", "Train", "build_plan", "check_plan",
+__all__ = ["H100_BF16_DENSE_TFLOPS", "METHODS", "TRANSITIONS", "Method", "Phase", "Plan", "State", "Step", "build_plan",
+           "check_plan",
            "describe_run", "execute", "format_cost", "format_plan", "planned_ledger", "register", "title_of",
            "transition"]

@@ -1,44 +1,17 @@
-"""What every method is made of: training phases (:class:`Train`), named transitions (:class:`Step`),
-the state a plan carries (:class:`State`), and :class:`Method`, the one object the rest of the code
-knows a method by. The registries live here; the method files fill them."""
+"""What every method is made of besides its training phases (``training.phase.Phase``): named
+transitions (:class:`Step`), the state a plan carries (:class:`State`), and :class:`Method`, the one
+object the rest of the code knows a method by. The registries live here; the method files fill them."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from ..config import RunConfig
-
-
-@dataclass(frozen=True)
-class Train:
-    """Train the current model for ``steps`` (warm-up then decay) at peak ``lr``."""
-
-    name: str
-    level: int
-    steps: int
-    lr: float
-    warmup: int
-    horizon: int | None = None  # a longer schedule this phase runs part of (staged training)
-    start: int = 0  # where in that schedule it begins
-    rewarmup: int = 0  # linear re-warm-up into the schedule at ``start``
-    sizes: Any = None  # the model's size (default: the config's model)
-    trigger: float | None = None  # end early when the loss curve's log-log slope rises above this
-    reenter: float | None = None  # start at (where the previous phase ended) / reenter, not at ``start``
-    to_end: bool = False  # with ``reenter``: run to the end of the ``horizon``, not ``steps``
-    kind: str | None = None  # the LR schedule's shape (linear | cosine | constant); default train.schedule
-
-    def placed(self, position: int) -> "Train":
-        """This phase after a previous one ended at schedule ``position`` (the plan's ``start`` and
-        ``steps`` assume every phase ran its planned steps; a trigger may have ended one earlier)."""
-        if self.reenter is None:
-            return self
-        start = int(round(position / self.reenter))
-        return replace(self, start=start, steps=self.horizon - start if self.to_end else self.steps)
 
 
 @dataclass(frozen=True)
@@ -58,7 +31,7 @@ class Step:
         return f"{self.op.replace('_', ' ')} (level {self.level}{'; ' + shown if shown else ''})"
 
 
-Plan = list  # of Train | Step
+Plan = list  # of Phase | Step
 
 
 @dataclass

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from ..config import RunConfig
-from .base import Method, Plan, Step, Train, register
+from ..phase import Phase
+from .base import Method, Plan, Step, register
 
 
 def plan(cfg: RunConfig) -> Plan:
     t = cfg.train
-    return [Step("new_model", 1), Train("baseline", 1, t.steps, t.lr, t.warmup)]
+    return [Step("new_model", 1), Phase("baseline", 1, t.steps, t.lr, t.warmup)]
 
 
 METHOD = register(Method("baseline", plan, title="baseline",

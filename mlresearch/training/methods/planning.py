@@ -11,7 +11,8 @@ from ...tasks import task_of
 from ..config import ConfigError, RunConfig
 from ..flops import train_flops_per_example
 from ..models import model_options, model_sizes
-from .base import CHECKS, COSTS, METHODS, TRANSITIONS, Plan, State, Step, Train
+from ..phase import Phase
+from .base import CHECKS, COSTS, METHODS, TRANSITIONS, Plan, State, Step
 
 
 def build_plan(cfg: RunConfig, name: str) -> Plan:
@@ -34,15 +35,11 @@ def check_plan(cfg: RunConfig, plan: Plan, data) -> None:
 
 def execute(run, plan: Plan) -> torch.nn.Module:
     """Run ``plan`` over one state: phases through ``run.train``, transitions through the registry."""
-    from ..engine import Phase
-
     state = State()
     for item in plan:
-        if isinstance(item, Train):
+        if isinstance(item, Phase):
             item = item.placed(state.position)
-            phase = Phase(item.name, item.level, item.steps, item.lr, item.warmup, item.horizon, item.start,
-                          item.rewarmup, item.trigger, item.kind)
-            state.model, state.optimizer = run.train(state.model, state.optimizer, phase)
+            state.model, state.optimizer = run.train(state.model, state.optimizer, item)
             state.position = item.start + run.phases[-1]["steps"]
         else:
             TRANSITIONS[item.op](run, state, item)
@@ -65,7 +62,7 @@ def planned_ledger(cfg: RunConfig, name: str) -> dict:
     family = FAMILIES[cfg.model.family]
     seq = task_of(cfg.task).seq_len(cfg)
     full = model_sizes(cfg)
-    at_level = {item.level: item.sizes or full for item in plan if isinstance(item, Train)}
+    at_level = {item.level: item.sizes or full for item in plan if isinstance(item, Phase)}
     models: dict = {}
 
     def model_of(sizes):
@@ -78,7 +75,7 @@ def planned_ledger(cfg: RunConfig, name: str) -> dict:
     b = cfg.train.batch_size
     phases, transitions = [], []
     for i, item in enumerate(plan):
-        if isinstance(item, Train):
+        if isinstance(item, Phase):
             sizes = item.sizes or full
             model = model_of(sizes)
             phases.append({"phase": item.name, "level": item.level, "steps": item.steps,
@@ -102,7 +99,7 @@ def format_plan(cfg: RunConfig, name: str) -> str:
     lines = [f"plan of {name} for {cfg.experiment} (seed {cfg.seed}), {cfg.train.batch_size} examples per step",
              f"{'':3}{'item':34} {'model':28} {'steps':>7} {'tokens':>14} {'FLOPs':>10}"]
     for i, item in enumerate(ledger["plan"], 1):
-        if isinstance(item, Train):
+        if isinstance(item, Phase):
             p = next(phases)
             s = p["sizes"]
             model = f"{s.layers}L/{s.hidden}d/{s.heads}h, {p['params'] / 1e6:.2f}M"
@@ -112,7 +109,7 @@ def format_plan(cfg: RunConfig, name: str) -> str:
             spent = [t for t in ledger["transitions"] if t["item"] == i - 1]
             cost = f"  [{spent[0]['examples']:,} examples evaluated, {spent[0]['flops']:.3e} FLOPs]" if spent else ""
             lines.append(f"{i:<3}{item.describe()}{cost}")
-    if any(isinstance(item, Train) and item.trigger is not None for item in ledger["plan"]):
+    if any(isinstance(item, Phase) and item.trigger is not None for item in ledger["plan"]):
         lines.append("(a stage with a trigger ends early when it fires; the numbers assume it does not)")
     lines.append(f"total: {ledger['flops']:.3e} FLOPs = {ledger['flops'] / base:.3f} x the baseline's {base:.3e}")
     return "\n".join(lines)

@@ -5,7 +5,8 @@ of its own; it reads the ``vcycle`` section for the shape."""
 from __future__ import annotations
 
 from ..config import RunConfig
-from .base import Method, Plan, Step, Train, name_part, register
+from ..phase import Phase
+from .base import Method, Plan, Step, name_part, register
 from .vcycle import needs_vcycle
 
 
@@ -13,7 +14,7 @@ def plan(cfg: RunConfig) -> Plan:
     sizes = needs_vcycle(cfg, "small")
     v, t, K = cfg.vcycle, cfg.train, cfg.vcycle.levels
     lr = v.lr[K - 1] if v.lr else t.lr
-    return [Step("new_model", K, (("sizes", sizes[K - 1]),)), Train("small", K, t.steps, lr, t.warmup, sizes=sizes[K - 1])]
+    return [Step("new_model", K, (("sizes", sizes[K - 1]),)), Phase("small", K, t.steps, lr, t.warmup, sizes=sizes[K - 1])]
 
 
 def _describe(config: dict) -> dict:

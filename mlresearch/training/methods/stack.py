@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from ...operators import stack_layers
 from ..config import ConfigError, MethodSettings, RunConfig, method_settings, positive, tag
 from ..models import model_sizes
-from .base import Method, Plan, State, Step, Train, grow, register, transition
+from ..phase import Phase
+from .base import Method, Plan, State, Step, grow, register, transition
 
 
 @method_settings("stack")
@@ -48,9 +49,9 @@ def plan(cfg: RunConfig) -> Plan:
         raise ConfigError(f"stack.steps {st.steps} leaves no steps of train.steps {t.steps} for the full model")
     small = full.replace(layers=full.layers // st.factor)
     return [Step("new_model", 1, (("sizes", small),)),
-            Train("stage0", 1, st.steps, t.lr, t.warmup, horizon=t.steps, sizes=small),
+            Phase("stage0", 1, st.steps, t.lr, t.warmup, horizon=t.steps, sizes=small),
             Step("stack", 1, (("factor", st.factor),)),
-            Train("stage1", 2, t.steps - st.steps, t.lr, t.warmup, horizon=t.steps, start=st.steps,
+            Phase("stage1", 2, t.steps - st.steps, t.lr, t.warmup, horizon=t.steps, start=st.steps,
                   rewarmup=st.rewarmup, sizes=full)]
 
 

@@ -13,7 +13,8 @@ from ..config import ConfigError, MethodSettings, RunConfig, flag, method_settin
 from ..models import model_sizes
 from ..schedules import CONSTANT_OP
 from ..trigger import THRESHOLDS
-from .base import Method, Plan, State, Step, Train, grow, register, transition
+from ..phase import Phase
+from .base import Method, Plan, State, Step, grow, register, transition
 
 
 @method_settings("staged")
@@ -127,7 +128,7 @@ def plan(cfg: RunConfig) -> Plan:
         if i:
             growth = st.grow[i - 1]
             items.append(Step(f"grow_{growth}", i, (("where", st.depth_where),) if growth == "depth" else ()))
-        items.append(Train(f"stage{i}", i + 1, steps, t.lr, t.warmup, horizon=t.steps, start=start,
+        items.append(Phase(f"stage{i}", i + 1, steps, t.lr, t.warmup, horizon=t.steps, start=start,
                            rewarmup=st.rewarmup if i else 0, sizes=sizes[i],
                            trigger=thresholds[i] if st.trigger and i < last else None,
                            reenter=constants[i - 1] if i else None, to_end=i == last))

@@ -18,7 +18,8 @@ from ...operators import (Scheme, coalesce, coalesce_state, decoalesce, decoales
 from ...tasks import task_of
 from ..config import ConfigError, MethodSettings, RunConfig, method_settings, number, positive, tag
 from ..models import model_sizes
-from .base import Method, Plan, State, Step, Train, name_part, register, transition
+from ..phase import Phase
+from .base import Method, Plan, State, Step, name_part, register, transition
 
 
 @method_settings("vcycle")
@@ -388,10 +389,10 @@ def plan(cfg: RunConfig) -> Plan:
     for k in range(1, K):
         if v.down_steps[k - 1] > 0:
             warm = v.down_warmup[k - 1] if v.down_warmup else v.down_steps[k - 1]
-            items.append(Train(f"down{k}", k, v.down_steps[k - 1], lrs[k - 1], warm, sizes=sizes[k - 1]))
+            items.append(Phase(f"down{k}", k, v.down_steps[k - 1], lrs[k - 1], warm, sizes=sizes[k - 1]))
         external = (("external", v.partner.format(seed=cfg.seed)),) if v.partner and k == 1 else ()
         items += [Step("keep_partner", k, external), Step("choose_scheme", k), Step("coalesce", k, carry)]
-    items.append(Train("small", K, v.small_steps, lrs[K - 1], v.small_warmup, sizes=sizes[K - 1],
+    items.append(Phase("small", K, v.small_steps, lrs[K - 1], v.small_warmup, sizes=sizes[K - 1],
                       kind=v.small_schedule))
     up = carry + (("path", v.up_path),) + ((("tie_break", v.tie_break),) if v.tie_break else ())
     for k in range(K - 1, 0, -1):
@@ -400,7 +401,7 @@ def plan(cfg: RunConfig) -> Plan:
                                                   if v.alpha == "search" else ())
         items += [Step("decoalesce", k, up), Step("merge", k, merge_options),
                  Step("measure_symmetry", k, (("when", "merged"),)),
-                 Train(f"up{k}", k, v.up_steps[i], lrs[k - 1], v.up_warmup[i] if v.up_warmup else 0,
+                 Phase(f"up{k}", k, v.up_steps[i], lrs[k - 1], v.up_warmup[i] if v.up_warmup else 0,
                        sizes=sizes[k - 1]),
                  Step("measure_symmetry", k, (("when", f"after up{k}"),))]
     return items
