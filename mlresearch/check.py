@@ -26,7 +26,6 @@ from torch import nn
 from .families import family_of
 from .operators import Scheme, coalesce, decoalesce
 from .operators.growth import NotLossPreservingWarning, depth_growth, width_growth
-from .tasks import TASKS
 
 FUNCTION_TOLERANCE = 1e-4  # relative logit change allowed for a function-preserving map (fp32)
 ROUND_TRIP_TOLERANCE = 1e-6  # largest parameter error of a round trip, relative to the largest parameter
@@ -43,13 +42,7 @@ class Row:
 
 
 def random_inputs(model: nn.Module, batch: int = 2, seq_len: int = 16, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    family = family_of(model)
-    if not TASKS[family.task].sequences:  # an image model: its own input shape
-        pe = model.patch_embed
-        return {"x": torch.randn(batch, pe.proj.in_channels, *pe.img_size, generator=g)}
-    vocab = model.get_input_embeddings().weight.shape[0]
-    return {"input_ids": torch.randint(0, vocab, (batch, seq_len), generator=g)}
+    return family_of(model).random_inputs(model, batch, seq_len, torch.Generator().manual_seed(seed))
 
 
 @torch.no_grad()

@@ -20,7 +20,7 @@ from torch import nn
 
 from .errors import CheckpointError
 from .faults import fault_point
-from .families import FAMILIES, family_of
+from .families import FAMILIES, Family, family_of
 from .overwrite import check_writable_path
 
 WEIGHTS = "model.safetensors"
@@ -340,14 +340,35 @@ def load_model(path: str | os.PathLike) -> nn.Module:
         raise CheckpointError(f"checkpoint {path} is damaged: {WEIGHTS} does not match the checksum written with it "
                               f"({CHECKSUM}); it changed on disk after it was saved: restore it, or delete the "
                               "checkpoint to resume from an earlier one")
+    family = _family_of_directory(path, config)  # before anything of the directory is read further
+    _check_safetensors(path / WEIGHTS)
     try:
-        if config.get("mlresearch_family"):
-            return _load_timm(path, config)
-        return _load_hf(path, config)
+        return family.load(path, config)
     except CheckpointError:
         raise
     except Exception as exc:  # safetensors/HF raise many types for truncated or corrupt files
         raise CheckpointError(f"checkpoint {path} could not be loaded: {type(exc).__name__}: {exc}") from exc
+
+
+def _family_of_directory(path: Path, config) -> Family:
+    """The family whose ``save`` wrote this ``config.json``; refused: a config that ships model code
+    (``auto_map``) or names a class no family table has."""
+    if not isinstance(config, dict):
+        raise CheckpointError(f"checkpoint {path}: config.json is not a JSON object")
+    if "auto_map" in config:
+        raise CheckpointError(f"checkpoint {path}: config.json has an auto_map (model code shipped in the directory); "
+                              "code from a model directory is never run: save the model with a supported class")
+    if config.get("mlresearch_family"):
+        family = FAMILIES.get(config["mlresearch_family"])
+        if family is None or not family.saved_by(config):
+            raise CheckpointError(f"checkpoint {path}: unknown family {config.get('mlresearch_family')!r}")
+        return family
+    family = next((f for f in FAMILIES.values() if f.saved_by(config)), None)
+    if family is None:
+        known = sorted(c for f in FAMILIES.values() for c in getattr(f, "classes", ()))
+        raise CheckpointError(f"checkpoint {path}: config.json's architectures {config.get('architectures') or []} is "
+                              f"not one of the supported classes {known}")
+    return family
 
 
 def _check_safetensors(weights: Path) -> None:
@@ -358,55 +379,3 @@ def _check_safetensors(weights: Path) -> None:
             list(f.keys())
     except Exception as exc:
         raise CheckpointError(f"{weights} is not a readable safetensors file: {exc}") from exc
-
-
-def _load_hf(path: Path, config: dict) -> nn.Module:
-    import transformers
-    from transformers.utils import logging as hf_logging
-
-    if not isinstance(config, dict):
-        raise CheckpointError(f"checkpoint {path}: config.json is not a JSON object")
-    if "auto_map" in config:
-        raise CheckpointError(f"checkpoint {path}: config.json has an auto_map (model code shipped in the directory); "
-                              "code from a model directory is never run: save the model with a supported class")
-    archs = config.get("architectures") or []
-    known = sorted(c for f in FAMILIES.values() for c in getattr(f, "classes", ()))
-    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in known:
-        raise CheckpointError(f"checkpoint {path}: config.json's architectures {archs} is not one of the supported "
-                              f"classes {known}")
-    cls = getattr(transformers, archs[0])
-    _check_safetensors(path / WEIGHTS)
-    # The weights must be exactly what the config describes: from_pretrained would otherwise drop
-    # extra tensors (more layers than the config says) and randomly initialise missing ones.
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # its load report would repeat, in a table, what the error below says
-    try:
-        model, info = cls.from_pretrained(str(path), output_loading_info=True, trust_remote_code=False)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    problems = [f"{what} {sorted(map(str, names))[:4]}{' ...' if len(names) > 4 else ''}"
-                for what, names in (("missing", info.get("missing_keys") or []),
-                                    ("not in the config", info.get("unexpected_keys") or []),
-                                    ("of another shape", info.get("mismatched_keys") or [])) if names]
-    if problems:
-        raise CheckpointError(f"checkpoint {path}: config.json and {WEIGHTS} disagree (weights {'; '.join(problems)})")
-    return model
-
-
-def _load_timm(path: Path, config: dict) -> nn.Module:
-    import torch
-    from safetensors.torch import load_file
-
-    family = FAMILIES.get(config["mlresearch_family"])
-    if family is None or config.get("timm_class") != "VisionTransformer":
-        raise CheckpointError(f"checkpoint {path}: unknown family {config.get('mlresearch_family')!r}")
-    from timm.models.vision_transformer import VisionTransformer
-
-    _check_safetensors(path / WEIGHTS)
-    state = load_file(str(path / WEIGHTS))
-    with torch.device("meta"):
-        model = VisionTransformer(**config["kwargs"])
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    if missing or unexpected:
-        raise CheckpointError(f"checkpoint {path}: weights do not match config (missing {missing}, unexpected {unexpected})")
-    return model.eval()

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UnsupportedModelError
+from ..errors import CheckpointError, UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,21 @@ class Family:
 
     def save(self, model: nn.Module, directory) -> None:
         raise NotImplementedError
+
+    def saved_by(self, config: dict) -> bool:
+        """Whether a model directory's ``config.json`` is one :meth:`save` of this family wrote."""
+        raise NotImplementedError
+
+    def load(self, directory, config: dict) -> nn.Module:
+        """The model :meth:`save` wrote to ``directory`` (its ``config.json`` already read and
+        checked: no code shipped with it, readable weights). Weights and config must agree exactly:
+        a missing, extra or reshaped tensor is a :class:`CheckpointError`, never a silent repair."""
+        raise NotImplementedError
+
+    def random_inputs(self, model: nn.Module, batch: int, seq_len: int, generator: torch.Generator) -> dict:
+        """A batch of random inputs ``model`` takes (token ids of its vocabulary)."""
+        vocab = model.get_input_embeddings().weight.shape[0]
+        return {"input_ids": torch.randint(0, vocab, (batch, seq_len), generator=generator)}
 
     def data_options(self, vocab_size: int | None, seq_len: int, special: dict) -> dict:
         """Config/constructor options the data decides (vocabulary, positions, special tokens)."""
@@ -315,5 +330,31 @@ class HFFamily(Family):
 
     def save(self, model: nn.Module, directory) -> None:
         model.save_pretrained(directory)
+
+    def saved_by(self, config: dict) -> bool:
+        archs = config.get("architectures")
+        return isinstance(archs, list) and len(archs) == 1 and archs[0] in getattr(self, "classes", ())
+
+    def load(self, directory, config: dict) -> nn.Module:
+        import transformers
+        from transformers.utils import logging as hf_logging
+
+        cls = getattr(transformers, config["architectures"][0])
+        # The weights must be exactly what the config describes: from_pretrained would otherwise drop
+        # extra tensors (more layers than the config says) and randomly initialise missing ones.
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # its load report would repeat, in a table, what the error below says
+        try:
+            model, info = cls.from_pretrained(str(directory), output_loading_info=True, trust_remote_code=False)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        problems = [f"{what} {sorted(map(str, names))[:4]}{' ...' if len(names) > 4 else ''}"
+                    for what, names in (("missing", info.get("missing_keys") or []),
+                                        ("not in the config", info.get("unexpected_keys") or []),
+                                        ("of another shape", info.get("mismatched_keys") or [])) if names]
+        if problems:
+            raise CheckpointError(f"checkpoint {directory}: config.json and model.safetensors disagree (weights "
+                                  f"{'; '.join(problems)})")
+        return model
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from torch import nn
 
-from ..errors import UnsupportedModelError
+from ..errors import CheckpointError, UnsupportedModelError
 from .base import Family, Recipe, Sizes
 
 QKV = ("heads", "heads", "heads")
@@ -82,8 +83,6 @@ class ViT(Family):
         return recipe
 
     def _check_rebuilds(self, model: nn.Module, recipe: Recipe) -> None:
-        import torch
-
         with torch.device("meta"):
             rebuilt = self.build(recipe)
         want = {n: tuple(p.shape) for n, p in model.state_dict().items()}
@@ -141,6 +140,27 @@ class ViT(Family):
         (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+    def saved_by(self, config: dict) -> bool:
+        return config.get("mlresearch_family") == self.name and config.get("timm_class") == "VisionTransformer"
+
+    def load(self, directory, config: dict) -> nn.Module:
+        from safetensors.torch import load_file
+        from timm.models.vision_transformer import VisionTransformer
+
+        state = load_file(str(Path(directory) / "model.safetensors"))
+        with torch.device("meta"):
+            model = VisionTransformer(**config["kwargs"])
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        if missing or unexpected:
+            raise CheckpointError(f"checkpoint {directory}: weights do not match config (missing {missing}, "
+                                  f"unexpected {unexpected})")
+        return model.eval()
+
+    def random_inputs(self, model: nn.Module, batch: int, seq_len: int, generator: torch.Generator) -> dict:
+        """Images of the model's own input shape (``seq_len`` does not apply)."""
+        pe = model.patch_embed
+        return {"x": torch.randn(batch, pe.proj.in_channels, *pe.img_size, generator=generator)}
 
     def data_options(self, vocab_size, seq_len, special) -> dict:
         return dict(img_size=28, patch_size=4, in_chans=1, num_classes=10)  # MNIST; model.options override
