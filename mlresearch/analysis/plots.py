@@ -65,11 +65,14 @@ def save(fig, path: str | Path, close: bool = True) -> Path:
     return path
 
 
-def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str):
+def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str, headline=None):
     """The figure that answers the question: validation loss against training FLOPs, with the
     baseline's and the small shape's annealed frontiers (mean over seeds, the band their range) and
     each method's end point (mean, with its seed spread in FLOPs and loss as error bars).
-    ``points``: ``frontier.csv`` rows; ``runs``: :func:`mlresearch.study.collect` rows."""
+    ``points``: ``frontier.csv`` rows; ``runs``: :func:`mlresearch.study.collect` rows; ``headline``:
+    the run directories of the main rows (``study_runner.headlines``: directory -> label, such as
+    "the paper's"), drawn strong, labelled and listed first,
+    every other variant faded below them (all drawn alike when not given)."""
     fig, ax = plt.subplots(figsize=(13, 6))
     colours = plt.get_cmap("tab10").colors + plt.get_cmap("tab20").colors[1::2]  # strong first, then light
     mine = points[(points.experiment == experiment) & (points.role == "frontier")]
@@ -80,17 +83,24 @@ def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str):
             continue
         g = part.groupby("budget").agg(flops=("flops", "mean"), loss=("val_loss", "mean"), lo=("val_loss", "min"),
                                        hi=("val_loss", "max"), seeds=("seed", "nunique")).sort_index()
-        ax.plot(g.flops, g.loss, "-o", color=colour, lw=2, ms=4, label=f"{name} ({int(g.seeds.min())} seeds)")
+        ax.plot(g.flops, g.loss, "-o", color=colour, lw=2, ms=4, label=f"{name} ({int(g.seeds.min())} seed{'s' * (g.seeds.min() > 1)})")
         ax.fill_between(g.flops, g.lo, g.hi, color=colour, alpha=0.15, lw=0)
     rows = runs[runs.experiment == experiment]
     keys = ["method", "levels", "scheme", "alpha", "optimizer", "budget"]
-    for i, (key, part) in enumerate(rows.groupby(keys, dropna=False)):
-        row = part.iloc[0]
+    groups = list(rows.groupby(keys, dropna=False))
+    main = [headline is None or part.run.isin(set(headline)).any() for _, part in groups]
+    order = sorted(range(len(groups)), key=lambda i: not main[i])  # the main rows first, in the legend too
+    for n, i in enumerate(order):
+        part = groups[i][1]
+        row, strong = part.iloc[0], main[i]
+        tag = next((headline[r] for r in part.run if isinstance(headline, dict) and headline.get(r)), "")
         ax.errorbar(part.method_total_flops.mean(), part.method_full_val_loss.mean(),
                     xerr=part.method_total_flops.std() if len(part) > 1 else None,
                     yerr=part.method_full_val_loss.std() if len(part) > 1 else None,
-                    fmt=METHODS[row.method].marker if row.method in METHODS else "^", color=colours[i % len(colours)], ms=6, capsize=3,
-                    label=f"{variant_name(row)} ({len(part)} seed{'s' * (len(part) > 1)})")
+                    fmt=METHODS[row.method].marker if row.method in METHODS else "^", color=colours[n % len(colours)],
+                    ms=8 if strong else 5, capsize=3, alpha=1.0 if strong else 0.45, zorder=3 if strong else 2,
+                    label=("" if strong or headline is None else "(other) ") +
+                    f"{variant_name(row)} ({tag + '; ' if tag else ''}{len(part)} seed{'s' * (len(part) > 1)})")
     ax.set_xscale("log")
     ax.set(xlabel="training FLOPs (log)", ylabel="final validation loss (full split)",
            title=f"{experiment}: end points against the annealed frontiers\n(band: range over seeds; error bars: sd)")
