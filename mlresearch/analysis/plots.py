@@ -83,7 +83,8 @@ def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str, h
             continue
         g = part.groupby("budget").agg(flops=("flops", "mean"), loss=("val_loss", "mean"), lo=("val_loss", "min"),
                                        hi=("val_loss", "max"), seeds=("seed", "nunique")).sort_index()
-        ax.plot(g.flops, g.loss, "-o", color=colour, lw=2, ms=4, label=f"{name} ({int(g.seeds.min())} seed{'s' * (g.seeds.min() > 1)})")
+        seeds = int(g.seeds.min())
+        ax.plot(g.flops, g.loss, "-o", color=colour, lw=2, ms=4, label=f"{name} ({seeds} seed{'s' * (seeds > 1)})")
         ax.fill_between(g.flops, g.lo, g.hi, color=colour, alpha=0.15, lw=0)
     rows = runs[runs.experiment == experiment]
     keys = ["method", "levels", "scheme", "alpha", "optimizer", "budget"]
