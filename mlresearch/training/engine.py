@@ -219,7 +219,83 @@ def train_phase(
     ckpt_dir: Path,
     resume: bool = False,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """Train ``model`` for ``phase.steps`` steps; returns the trained model and its optimizer."""
+    """Train ``model`` for ``phase.steps`` steps; returns the trained model and its optimizer.
+
+    Each step: one optimizer step on the global batch, the ledger charged, then what the step is due
+    for: a log row, an evaluation (with the growth trigger, for a phase that has one), a checkpoint
+    (with a snapshot, if asked). A resumed phase starts where its checkpoint left off."""
+    t = cfg.train
+    optimizer, scheduler = _optimizer_and_schedule(model, optimizer, phase, cfg)
+    progress = Progress(ckpt_dir / phase.name)
+    if resume and state_exists(progress.ckpt):
+        progress.restore(model, optimizer, scheduler, ledger, log)
+        if accelerator.is_main_process:
+            tqdm.write(f"resuming {phase.name} at step {progress.start} of {phase.steps} ({progress.ckpt})",
+                       file=sys.stderr)
+    accelerator.free_memory()  # drop the previous phase's references
+    seq = task_of(data.task).seq_len(cfg)
+    flops_per_example, tokens_per_example = train_flops_per_example(model, seq), seq or 1
+    model, optimizer, scheduler, raw, sharded = _distribute(model, optimizer, scheduler, phase, cfg, accelerator)
+    batch, world, device = t.batch_size, accelerator.num_processes, accelerator.device
+    micro = _micro_batch(cfg, world)
+    peak = peak_flops(device, t.peak_tflops)
+    since = (ledger.flops, ledger.wall)  # at the last logged row: MFU is measured between rows
+    first_bad = torch.zeros((), dtype=torch.long, device=device)  # step of the first non-finite loss (0: none)
+
+    bar = tqdm(range(progress.start, phase.steps), desc=f"{phase.name} (level {phase.level})",
+               disable=not accelerator.is_main_process, initial=progress.start, total=phase.steps, leave=False)
+    for step in bar:
+        tick = time.perf_counter()
+        done = step + 1  # steps count from 1, as in metrics.jsonl
+        idx = batch_indices(len(data.train), batch, ledger.data_step, cfg.seed)[accelerator.process_index::world]
+        total = accumulate(model, data, idx, micro, ledger.data_step, cfg, accelerator)
+        first_bad = torch.where((first_bad == 0) & ~torch.isfinite(total), done, first_bad)
+        if t.grad_clip:
+            accelerator.clip_grad_norm_(model.parameters(), t.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        log_due = done % t.log_every == 0 or done % t.eval_every == 0 or done == phase.steps
+        eval_due = done % t.eval_every == 0 or done == phase.steps
+        # The host waits for the device only on steps that log, evaluate or checkpoint (inside the
+        # step's wall time, so the ledger's wall stays right on an asynchronous device).
+        if log_due or done % t.checkpoint_every == 0:
+            mean_loss = accelerator.reduce(total, reduction="mean").item()
+            bad = int(accelerator.reduce(first_bad, reduction="max").item())
+            if bad or not math.isfinite(mean_loss):
+                raise TrainingDiverged(f"loss is {'nan' if bad else mean_loss} in phase {phase.name} at step "
+                                       f"{bad or done}; stopping. The last good checkpoint is {progress.last_good}")
+        ledger.flops += flops_per_example * batch
+        ledger.examples += batch
+        ledger.tokens += tokens_per_example * batch
+        ledger.data_step += 1
+        ledger.wall += time.perf_counter() - tick
+        row, fired = None, False
+        if log_due:
+            row = _log_row(phase, done, mean_loss, scheduler, ledger, since, world, peak, device)
+            since = (ledger.flops, ledger.wall)
+        if eval_due:  # evaluation is neither training FLOPs nor training wall time (runs evaluate at different rates)
+            row.update(evaluate(raw, data, cfg))
+            bar.set_postfix(val=f"{row['val_loss']:.3f}")
+            fired = progress.trigger(phase, ledger, row, done)
+        if row:
+            log.write(row)
+        if fired:
+            _log_trigger(phase, row, done, log, accelerator)
+        if done % t.checkpoint_every == 0 or done == phase.steps or fired:
+            whole, whole_opt = progress.checkpoint(raw, optimizer, scheduler, sharded, done, ledger, log, cfg,
+                                                   accelerator, ckpt_dir, phase, ended=fired)
+        fault_point(f"step:{phase.name}:{done}")
+        if fired:
+            break
+    bar.close()
+    if sharded:  # the phase always ends on a checkpoint step, so the gathered copy is the trained model
+        return whole, whole_opt
+    return raw, getattr(optimizer, "optimizer", optimizer)
+
+
+def _optimizer_and_schedule(model: nn.Module, optimizer, phase: Phase, cfg: RunConfig):
+    """A fresh AdamW (or the carried one, at this phase's LR) and the phase's LR schedule."""
     t = cfg.train
     if t.grad_checkpointing:
         if hasattr(model, "gradient_checkpointing_enable"):
@@ -230,25 +306,13 @@ def train_phase(
         optimizer = new_optimizer(model, cfg, phase.lr)
     for group in optimizer.param_groups:  # a carried optimizer keeps its state, takes this phase's LR
         group["lr"] = group["initial_lr"] = phase.lr
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, phase.schedule(t.schedule, t.min_lr_ratio))
-    ckpt = ckpt_dir / phase.name
-    start, curve = 0, []
-    if resume and state_exists(ckpt):
-        state = load_state(ckpt)
-        model.load_state_dict(load_model(ckpt / "model").state_dict())
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict({"lr_lambdas": [None] * len(optimizer.param_groups), **state["scheduler"]})
-        set_rng_state(state["rng"])
-        start = state["step"]
-        curve = [list(p) for p in state.get("curve", [])]
-        for k, v in state["ledger"].items():
-            setattr(ledger, k, v)
-        log.resume_at(state["log_rows"])
-        if accelerator.is_main_process:
-            tqdm.write(f"resuming {phase.name} at step {start} of {phase.steps} ({ckpt})", file=sys.stderr)
-    accelerator.free_memory()  # drop the previous phase's references
-    seq = task_of(data.task).seq_len(cfg)
-    flops_per_example = train_flops_per_example(model, seq)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, phase.schedule(t.schedule, t.min_lr_ratio))
+
+
+def _distribute(model, optimizer, scheduler, phase: Phase, cfg: RunConfig, accelerator):
+    """The model and optimizer under DDP (``accelerate``) or FSDP2 (:class:`Sharded`), maybe
+    compiled; ``raw`` is the plain model evaluation and checkpoints use."""
+    t = cfg.train
     if t.fsdp and accelerator.num_processes > 1:
         sharded = Sharded(model, cfg, phase.lr, accelerator.device)
         model, optimizer, scheduler = sharded.shard(optimizer, scheduler, phase.schedule(t.schedule, t.min_lr_ratio))
@@ -258,97 +322,87 @@ def train_phase(
     raw = accelerator.unwrap_model(model)
     if t.compile:  # the compiled module shares raw's parameters; evaluation and checkpoints use raw
         model = torch.compile(model, **({} if t.compile is True else {"backend": t.compile}))
-    tokens_per_example = seq or 1
-    n_train, batch = len(data.train), t.batch_size
-    rank, world = accelerator.process_index, accelerator.num_processes
+    return model, optimizer, scheduler, raw, sharded
+
+
+def _micro_batch(cfg: RunConfig, world: int) -> int:
+    """Examples per forward pass on each process (the global batch split evenly, then accumulated)."""
+    batch = cfg.train.batch_size
     if batch % world:
         raise MLResearchError(f"train.batch_size {batch} is not divisible by {world} processes")
-    micro = t.micro_batch_size or batch // world
+    micro = cfg.train.micro_batch_size or batch // world
     if (batch // world) % micro:
         raise MLResearchError(f"train.micro_batch_size {micro} does not divide the {batch // world} examples each of "
                               f"{world} processes takes per step")
-    device = accelerator.device
-    peak = peak_flops(device, t.peak_tflops)
-    last_good = f"{ckpt} (step {start})" if start else "none (no checkpoint of this phase yet)"
-    since = (ledger.flops, ledger.wall)  # at the last logged row: MFU is measured between rows
-    first_bad = torch.zeros((), dtype=torch.long, device=device)  # step of the first non-finite loss (0: none)
+    return micro
 
-    bar = tqdm(range(start, phase.steps), desc=f"{phase.name} (level {phase.level})", disable=not accelerator.is_main_process,
-               initial=start, total=phase.steps, leave=False)
-    for step in bar:
-        tick = time.perf_counter()
-        done = step + 1  # steps count from 1, as in metrics.jsonl
-        idx = batch_indices(n_train, batch, ledger.data_step, cfg.seed)[rank::world]
-        total = accumulate(model, data, idx, micro, ledger.data_step, cfg, accelerator)
-        first_bad = torch.where((first_bad == 0) & ~torch.isfinite(total), done, first_bad)
-        if t.grad_clip:
-            accelerator.clip_grad_norm_(model.parameters(), t.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        log_now = done % t.log_every == 0 or done % t.eval_every == 0 or done == phase.steps
-        # The host waits for the device only on steps that log, evaluate or checkpoint (inside the
-        # step's wall time, so the ledger's wall stays right on an asynchronous device).
-        if log_now or done % t.checkpoint_every == 0:
-            mean_loss = accelerator.reduce(total, reduction="mean").item()
-            bad = int(accelerator.reduce(first_bad, reduction="max").item())
-            if bad or not math.isfinite(mean_loss):
-                raise TrainingDiverged(f"loss is {'nan' if bad else mean_loss} in phase {phase.name} at step "
-                                       f"{bad or done}; stopping. The last good checkpoint is {last_good}")
-        ledger.flops += flops_per_example * batch
-        ledger.examples += batch
-        ledger.tokens += tokens_per_example * batch
-        ledger.data_step += 1
-        ledger.wall += time.perf_counter() - tick
-        row, fired = None, False
-        if log_now:
-            row = {"phase": phase.name, "level": phase.level, "step": done, "train_loss": mean_loss,
-                   "lr": scheduler.get_last_lr()[0], "flops": ledger.flops, "examples": ledger.examples,
-                   "tokens": ledger.tokens, "wall": ledger.wall}
-            if peak and ledger.wall > since[1]:  # model FLOPs per second per device over the peak
-                row["mfu"] = (ledger.flops - since[0]) / (ledger.wall - since[1]) / world / peak
-            since = (ledger.flops, ledger.wall)
-            if device.type == "cuda":
-                row["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-        if done % t.eval_every == 0 or done == phase.steps:
-            # Evaluation is neither training FLOPs nor training wall time (runs evaluate at different rates).
-            row.update(evaluate(raw, data, cfg))
-            bar.set_postfix(val=f"{row['val_loss']:.3f}")
-            if phase.trigger is not None:
-                curve.append([ledger.flops, row["val_loss"]])
-                row["loglog_slope"], fired = trigger_check(curve, phase.trigger)
-                fired = fired and done < phase.steps
-        if row:
-            log.write(row)
-        if fired:
-            log.write({"event": "trigger", "phase": phase.name, "level": phase.level, "step": done,
-                       "loglog_slope": row["loglog_slope"], "threshold": phase.trigger, "of_steps": phase.steps})
-            if accelerator.is_main_process:
-                tqdm.write(f"{phase.name}: the trigger fired at step {done} of {phase.steps} (log-log slope "
-                           f"{row['loglog_slope']:.4f} after its steepest point, threshold {phase.trigger})",
-                           file=sys.stderr)
-        if done % t.checkpoint_every == 0 or done == phase.steps or fired:
-            accelerator.wait_for_everyone()
-            # Under FSDP every rank gathers the whole model and optimizer state (a collective) into
-            # an unsharded copy: what is checkpointed, and what the phase hands to the next transition.
-            whole, whole_opt = sharded.gather(raw, optimizer) if sharded else (raw, optimizer)
-            bad = nonfinite_parameters(whole)
-            if bad:  # a finite loss can come from weights an update has just broken: never checkpoint them
-                raise TrainingDiverged(f"parameters {bad[:3]}{' ...' if len(bad) > 3 else ''} are not finite in phase "
-                                       f"{phase.name} after step {done}; stopping. The last good checkpoint is {last_good}")
-            if accelerator.is_main_process:
-                save_checkpoint(ckpt, whole, whole_opt, scheduler, done, ledger, log.count, curve, ended=fired)
-                last_good = f"{ckpt} (step {done})"
-                if t.keep_snapshots:
-                    save_model(whole, ckpt_dir / "snapshots" / f"{phase.name}-{done:07d}", overwrite=True)
-            accelerator.wait_for_everyone()
-        fault_point(f"step:{phase.name}:{done}")
-        if fired:
-            break
-    bar.close()
-    if sharded:  # the phase always ends on a checkpoint step, so the gathered copy is the trained model
+
+def _log_row(phase: Phase, done: int, mean_loss: float, scheduler, ledger: Ledger, since, world: int, peak, device) -> dict:
+    row = {"phase": phase.name, "level": phase.level, "step": done, "train_loss": mean_loss,
+           "lr": scheduler.get_last_lr()[0], "flops": ledger.flops, "examples": ledger.examples,
+           "tokens": ledger.tokens, "wall": ledger.wall}
+    if peak and ledger.wall > since[1]:  # model FLOPs per second per device over the peak
+        row["mfu"] = (ledger.flops - since[0]) / (ledger.wall - since[1]) / world / peak
+    if device.type == "cuda":
+        row["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    return row
+
+
+def _log_trigger(phase: Phase, row: dict, done: int, log: MetricsLog, accelerator) -> None:
+    log.write({"event": "trigger", "phase": phase.name, "level": phase.level, "step": done,
+               "loglog_slope": row["loglog_slope"], "threshold": phase.trigger, "of_steps": phase.steps})
+    if accelerator.is_main_process:
+        tqdm.write(f"{phase.name}: the trigger fired at step {done} of {phase.steps} (log-log slope "
+                   f"{row['loglog_slope']:.4f} after its steepest point, threshold {phase.trigger})", file=sys.stderr)
+
+
+class Progress:
+    """Where a phase stands: the step it starts from, the (FLOPs, validation loss) points its growth
+    trigger has seen, its last good checkpoint; restored from, and written to, its checkpoint."""
+
+    def __init__(self, ckpt: Path) -> None:
+        self.ckpt, self.start, self.curve = ckpt, 0, []
+        self.last_good = "none (no checkpoint of this phase yet)"
+
+    def restore(self, model, optimizer, scheduler, ledger: Ledger, log: MetricsLog) -> None:
+        state = load_state(self.ckpt)
+        model.load_state_dict(load_model(self.ckpt / "model").state_dict())
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict({"lr_lambdas": [None] * len(optimizer.param_groups), **state["scheduler"]})
+        set_rng_state(state["rng"])
+        self.start = state["step"]
+        self.curve = [list(p) for p in state.get("curve", [])]
+        for k, v in state["ledger"].items():
+            setattr(ledger, k, v)
+        log.resume_at(state["log_rows"])
+        self.last_good = f"{self.ckpt} (step {self.start})"
+
+    def trigger(self, phase: Phase, ledger: Ledger, row: dict, done: int) -> bool:
+        """After an evaluation: the slope goes into ``row``; whether the trigger has fired before the end."""
+        if phase.trigger is None:
+            return False
+        self.curve.append([ledger.flops, row["val_loss"]])
+        row["loglog_slope"], fired = trigger_check(self.curve, phase.trigger)
+        return fired and done < phase.steps
+
+    def checkpoint(self, raw, optimizer, scheduler, sharded, done: int, ledger: Ledger, log: MetricsLog,
+                   cfg: RunConfig, accelerator, ckpt_dir: Path, phase: Phase, ended: bool):
+        """Write the checkpoint (and a snapshot with ``train.keep_snapshots``); returns the whole
+        model and optimizer. Under FSDP every rank gathers them (a collective) into an unsharded
+        copy: what is checkpointed, and what the phase hands to the next transition."""
+        accelerator.wait_for_everyone()
+        whole, whole_opt = sharded.gather(raw, optimizer) if sharded else (raw, optimizer)
+        bad = nonfinite_parameters(whole)
+        if bad:  # a finite loss can come from weights an update has just broken: never checkpoint them
+            raise TrainingDiverged(f"parameters {bad[:3]}{' ...' if len(bad) > 3 else ''} are not finite in phase "
+                                   f"{phase.name} after step {done}; stopping. The last good checkpoint is {self.last_good}")
+        if accelerator.is_main_process:
+            save_checkpoint(self.ckpt, whole, whole_opt, scheduler, done, ledger, log.count, self.curve, ended=ended)
+            self.last_good = f"{self.ckpt} (step {done})"
+            if cfg.train.keep_snapshots:
+                save_model(whole, ckpt_dir / "snapshots" / f"{phase.name}-{done:07d}", overwrite=True)
+        accelerator.wait_for_everyone()
         return whole, whole_opt
-    return raw, getattr(optimizer, "optimizer", optimizer)
 
 
 class Sharded:

@@ -14,7 +14,8 @@ def plan(cfg: RunConfig) -> Plan:
     sizes = needs_vcycle(cfg, "small")
     v, t, K = cfg.vcycle, cfg.train, cfg.vcycle.levels
     lr = v.lr[K - 1] if v.lr else t.lr
-    return [Step("new_model", K, (("sizes", sizes[K - 1]),)), Phase("small", K, t.steps, lr, t.warmup, sizes=sizes[K - 1])]
+    return [Step("new_model", K, (("sizes", sizes[K - 1]),)),
+            Phase("small", K, t.steps, lr, t.warmup, sizes=sizes[K - 1])]
 
 
 def _describe(config: dict) -> dict:

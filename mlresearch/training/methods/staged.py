@@ -111,8 +111,9 @@ def _describe_staged(config: dict) -> dict:
 
 
 def plan(cfg: RunConfig) -> Plan:
-    """The stages, growths and schedule positions (module docstring). With ``staged.trigger`` a stage grows as soon as its loss curve's slope passes the growth's threshold
-    (B.6), its ``steps`` only a cap; the plan shows the schedule if no trigger fires."""
+    """The stages, growths and schedule positions (module docstring). With ``staged.trigger`` a stage grows
+    as soon as its loss curve's slope passes the growth's threshold (B.6), its ``steps`` only a cap; the
+    plan shows the schedule if no trigger fires."""
     if cfg.staged is None:
         raise ConfigError("method 'staged' needs the config's staged section (grow, steps, rewarmup)")
     t, st = cfg.train, cfg.staged
