@@ -175,10 +175,10 @@ def _cmd_new(args: argparse.Namespace) -> int:
 
     from .checkpoint import save_model
     from .families import FAMILIES, Sizes
-    from .training.config import ConfigError, ModelConfig, validate_model
+    from .training.config import ConfigError, ModelConfig
 
     options = dict(args.set)
-    validate_model(ModelConfig(args.family, args.layers, args.heads, args.hidden, args.ffn, args.kv_heads, options))
+    ModelConfig(args.family, args.layers, args.heads, args.hidden, args.ffn, args.kv_heads, options).validate()
     _check_model_out(args)
     torch.manual_seed(args.seed)
     sizes = Sizes(layers=args.layers, heads=args.heads, kv_heads=args.kv_heads or args.heads, hidden=args.hidden,

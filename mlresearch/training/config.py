@@ -40,6 +40,26 @@ class ModelConfig:
     kv_heads: int | None = None
     options: dict = field(default_factory=dict)
 
+    def validate(self) -> None:
+        """The model section alone (``mlresearch new`` checks its flags with it too)."""
+        m = self
+        if m.family not in FAMILIES:
+            raise ConfigError(f"model.family must be one of {sorted(FAMILIES)}, got {m.family!r}")
+        for name in ("layers", "heads", "hidden"):
+            positive(getattr(m, name), f"model.{name}")
+        if m.hidden % m.heads:
+            raise ConfigError(f"model.hidden {m.hidden} is not divisible by model.heads {m.heads}")
+        for name in ("ffn", "kv_heads"):
+            if getattr(m, name) is not None:
+                positive(getattr(m, name), f"model.{name}")
+        if m.kv_heads and m.heads % m.kv_heads:
+            raise ConfigError(f"model.heads {m.heads} is not divisible by model.kv_heads {m.kv_heads}")
+        if not isinstance(m.options, dict):
+            raise ConfigError(f"model.options must be a mapping, got {m.options!r}")
+        problem = FAMILIES[m.family].option_problem(m.options)
+        if problem:
+            raise ConfigError(f"model.options for {m.family}: {problem}")
+
 
 @dataclass
 class DataConfig:
@@ -58,6 +78,39 @@ class DataConfig:
     num_proc: int = 1  # text: tokenizing processes when a run prepares its data itself
     mask_prob: float = 0.15  # masked LM: the fraction of tokens chosen for prediction (BERT's 0.15)
     examples: int | None = None  # a generated corpus (glyphs): how many images it makes (default 50,000)
+
+    def validate(self, cfg: "RunConfig") -> None:
+        """Also reads the task (does it train on sequences?) and the model's position and vocabulary options."""
+        d = self
+        positive(d.seq_len, "data.seq_len")
+        positive(d.vocab_size, "data.vocab_size")
+        if d.tokenizer not in ("train", "gpt2"):
+            raise ConfigError(f"data.tokenizer must be 'train' or 'gpt2', got {d.tokenizer!r}")
+        number(d.val_fraction, "data.val_fraction", 0, 1, low_open=True, high_open=True)
+        number(d.test_fraction, "data.test_fraction", 0, 1, high_open=True)
+        number(d.tune_fraction, "data.tune_fraction", 0, 1, high_open=True)
+        if d.val_fraction + d.test_fraction + d.tune_fraction >= 1:
+            raise ConfigError(f"data.val_fraction + data.test_fraction + data.tune_fraction must leave documents to train "
+                              f"on, got {d.val_fraction} + {d.test_fraction} + {d.tune_fraction}")
+        positive(d.num_proc, "data.num_proc")
+        number(d.mask_prob, "data.mask_prob", 0, 1, low_open=True, high_open=True)
+        if d.prepared_dir is not None and not isinstance(d.prepared_dir, str):
+            raise ConfigError(f"data.prepared_dir must be a path, got {d.prepared_dir!r}")
+        for name in ("max_documents", "img_size", "examples"):
+            if getattr(d, name) is not None:
+                positive(getattr(d, name), f"data.{name}")
+        if _TASKS[cfg.task].sequences:
+            if not isinstance(d.corpus, list) or not d.corpus or not all(isinstance(c, str) for c in d.corpus):
+                raise ConfigError(f"data.corpus must be a list of corpus names, e.g. [bible, bbc] (or --set "
+                                  f"'data.corpus=[bible]'), got {d.corpus!r}")
+            for key in ("n_positions", "max_position_embeddings"):  # the position table must cover a sequence
+                n = cfg.model.options.get(key)
+                if n is not None and (not isinstance(n, int) or n < d.seq_len):
+                    raise ConfigError(f"model.options.{key} {n!r} is smaller than data.seq_len {d.seq_len}")
+            vocab = cfg.model.options.get("vocab_size")
+            planned = 50257 if d.tokenizer == "gpt2" else d.vocab_size
+            if vocab is not None and (not isinstance(vocab, int) or vocab < planned):
+                raise ConfigError(f"model.options.vocab_size {vocab!r} is smaller than the tokenizer's {planned} tokens")
 
 
 @dataclass
@@ -84,6 +137,44 @@ class TrainConfig:
     compile: Any = False  # torch.compile the model: true (inductor) or a backend name
     peak_tflops: float | None = None  # per device, for the MFU column (default: known GPUs' dense bf16 peak)
     fsdp: bool = False  # shard model and optimizer across processes (accelerate's FSDP2); 1 process: no effect
+
+    def validate(self) -> None:
+        t = self
+        positive(t.steps, "train.steps")
+        positive(t.batch_size, "train.batch_size")
+        positive(t.warmup, "train.warmup", zero_ok=True)
+        for name in ("eval_every", "eval_batches", "log_every", "checkpoint_every"):
+            positive(getattr(t, name), f"train.{name}")
+        if t.threads is not None:
+            positive(t.threads, "train.threads")
+        if t.micro_batch_size is not None:
+            positive(t.micro_batch_size, "train.micro_batch_size")
+            if t.batch_size % t.micro_batch_size:
+                raise ConfigError(f"train.micro_batch_size {t.micro_batch_size} does not divide train.batch_size "
+                                  f"{t.batch_size} (the global batch is accumulated from whole micro-batches)")
+        if not (isinstance(t.compile, bool) or (isinstance(t.compile, str) and t.compile)):
+            raise ConfigError(f"train.compile must be true, false or a torch.compile backend name, got {t.compile!r}")
+        if isinstance(t.compile, str) and t.compile not in _compile_backends():
+            raise ConfigError(f"train.compile: torch.compile has no backend {t.compile!r}; it has "
+                              f"{sorted(_compile_backends())} (or true for the default)")
+        if t.peak_tflops is not None:
+            number(t.peak_tflops, "train.peak_tflops", 0, low_open=True)
+        if t.grad_clip is not None:
+            number(t.grad_clip, "train.grad_clip (null or 0 turns clipping off)", 0)
+        number(t.weight_decay, "train.weight_decay", 0)
+        number(t.min_lr_ratio, "train.min_lr_ratio", 0, 1)
+        number(t.eps, "train.eps", 0, low_open=True)
+        if not isinstance(t.betas, (list, tuple)) or len(t.betas) != 2:
+            raise ConfigError(f"train.betas must be two numbers, got {t.betas!r}")
+        for i, b in enumerate(t.betas):
+            number(b, f"train.betas[{i}]", 0, 1, high_open=True)
+        for name in ("bf16", "grad_checkpointing", "keep_snapshots", "fsdp"):
+            flag(getattr(t, name), f"train.{name}")
+        if t.warmup > t.steps:
+            raise ConfigError(f"train.warmup {t.warmup} exceeds train.steps {t.steps}")
+        if t.schedule not in ("linear", "cosine", "constant"):
+            raise ConfigError(f"train.schedule must be linear, cosine or constant, got {t.schedule!r}")
+        number(t.lr, "train.lr", 0, low_open=True)
 
 
 class MethodSettings:
@@ -241,103 +332,15 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"seed must be a non-negative integer (it seeds numpy and torch), got {cfg.seed}")
     if cfg.task not in TASKS:
         raise ConfigError(f"task must be one of {sorted(TASKS)}, got {cfg.task!r}")
-    family = FAMILIES.get(cfg.model.family)  # (an unknown family is named by validate_model)
+    family = FAMILIES.get(cfg.model.family)  # (an unknown family is named by ModelConfig.validate)
     if family is not None and family.task != cfg.task:
         fits = sorted(name for name, f in FAMILIES.items() if f.task == cfg.task)
         raise ConfigError(f"task {cfg.task} trains {fits} models, not {cfg.model.family}")
-    validate_model(cfg.model)
-    _validate_data(cfg)
-    t = cfg.train
-    positive(t.steps, "train.steps")
-    positive(t.batch_size, "train.batch_size")
-    positive(t.warmup, "train.warmup", zero_ok=True)
-    for name in ("eval_every", "eval_batches", "log_every", "checkpoint_every"):
-        positive(getattr(t, name), f"train.{name}")
-    if t.threads is not None:
-        positive(t.threads, "train.threads")
-    if t.micro_batch_size is not None:
-        positive(t.micro_batch_size, "train.micro_batch_size")
-        if t.batch_size % t.micro_batch_size:
-            raise ConfigError(f"train.micro_batch_size {t.micro_batch_size} does not divide train.batch_size "
-                              f"{t.batch_size} (the global batch is accumulated from whole micro-batches)")
-    if not (isinstance(t.compile, bool) or (isinstance(t.compile, str) and t.compile)):
-        raise ConfigError(f"train.compile must be true, false or a torch.compile backend name, got {t.compile!r}")
-    if isinstance(t.compile, str) and t.compile not in _compile_backends():
-        raise ConfigError(f"train.compile: torch.compile has no backend {t.compile!r}; it has "
-                          f"{sorted(_compile_backends())} (or true for the default)")
-    if t.peak_tflops is not None:
-        number(t.peak_tflops, "train.peak_tflops", 0, low_open=True)
-    if t.grad_clip is not None:
-        number(t.grad_clip, "train.grad_clip (null or 0 turns clipping off)", 0)
-    number(t.weight_decay, "train.weight_decay", 0)
-    number(t.min_lr_ratio, "train.min_lr_ratio", 0, 1)
-    number(t.eps, "train.eps", 0, low_open=True)
-    if not isinstance(t.betas, (list, tuple)) or len(t.betas) != 2:
-        raise ConfigError(f"train.betas must be two numbers, got {t.betas!r}")
-    for i, b in enumerate(t.betas):
-        number(b, f"train.betas[{i}]", 0, 1, high_open=True)
-    for name in ("bf16", "grad_checkpointing", "keep_snapshots", "fsdp"):
-        flag(getattr(t, name), f"train.{name}")
-    if t.warmup > t.steps:
-        raise ConfigError(f"train.warmup {t.warmup} exceeds train.steps {t.steps}")
-    if t.schedule not in ("linear", "cosine", "constant"):
-        raise ConfigError(f"train.schedule must be linear, cosine or constant, got {t.schedule!r}")
-    number(t.lr, "train.lr", 0, low_open=True)
+    cfg.model.validate()
+    cfg.data.validate(cfg)
+    cfg.train.validate()
     for settings in cfg.methods.values():
         settings.validate(cfg)
-
-
-def validate_model(m: ModelConfig) -> None:
-    """The model section alone (``mlresearch new`` checks its flags with it too)."""
-    if m.family not in FAMILIES:
-        raise ConfigError(f"model.family must be one of {sorted(FAMILIES)}, got {m.family!r}")
-    for name in ("layers", "heads", "hidden"):
-        positive(getattr(m, name), f"model.{name}")
-    if m.hidden % m.heads:
-        raise ConfigError(f"model.hidden {m.hidden} is not divisible by model.heads {m.heads}")
-    for name in ("ffn", "kv_heads"):
-        if getattr(m, name) is not None:
-            positive(getattr(m, name), f"model.{name}")
-    if m.kv_heads and m.heads % m.kv_heads:
-        raise ConfigError(f"model.heads {m.heads} is not divisible by model.kv_heads {m.kv_heads}")
-    if not isinstance(m.options, dict):
-        raise ConfigError(f"model.options must be a mapping, got {m.options!r}")
-    problem = FAMILIES[m.family].option_problem(m.options)
-    if problem:
-        raise ConfigError(f"model.options for {m.family}: {problem}")
-
-
-def _validate_data(cfg: RunConfig) -> None:
-    d = cfg.data
-    positive(d.seq_len, "data.seq_len")
-    positive(d.vocab_size, "data.vocab_size")
-    if d.tokenizer not in ("train", "gpt2"):
-        raise ConfigError(f"data.tokenizer must be 'train' or 'gpt2', got {d.tokenizer!r}")
-    number(d.val_fraction, "data.val_fraction", 0, 1, low_open=True, high_open=True)
-    number(d.test_fraction, "data.test_fraction", 0, 1, high_open=True)
-    number(d.tune_fraction, "data.tune_fraction", 0, 1, high_open=True)
-    if d.val_fraction + d.test_fraction + d.tune_fraction >= 1:
-        raise ConfigError(f"data.val_fraction + data.test_fraction + data.tune_fraction must leave documents to train "
-                          f"on, got {d.val_fraction} + {d.test_fraction} + {d.tune_fraction}")
-    positive(d.num_proc, "data.num_proc")
-    number(d.mask_prob, "data.mask_prob", 0, 1, low_open=True, high_open=True)
-    if d.prepared_dir is not None and not isinstance(d.prepared_dir, str):
-        raise ConfigError(f"data.prepared_dir must be a path, got {d.prepared_dir!r}")
-    for name in ("max_documents", "img_size", "examples"):
-        if getattr(d, name) is not None:
-            positive(getattr(d, name), f"data.{name}")
-    if _TASKS[cfg.task].sequences:
-        if not isinstance(d.corpus, list) or not d.corpus or not all(isinstance(c, str) for c in d.corpus):
-            raise ConfigError(f"data.corpus must be a list of corpus names, e.g. [bible, bbc] (or --set "
-                              f"'data.corpus=[bible]'), got {d.corpus!r}")
-        for key in ("n_positions", "max_position_embeddings"):  # the position table must cover a sequence
-            n = cfg.model.options.get(key)
-            if n is not None and (not isinstance(n, int) or n < d.seq_len):
-                raise ConfigError(f"model.options.{key} {n!r} is smaller than data.seq_len {d.seq_len}")
-        vocab = cfg.model.options.get("vocab_size")
-        planned = 50257 if d.tokenizer == "gpt2" else d.vocab_size
-        if vocab is not None and (not isinstance(vocab, int) or vocab < planned):
-            raise ConfigError(f"model.options.vocab_size {vocab!r} is smaller than the tokenizer's {planned} tokens")
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
