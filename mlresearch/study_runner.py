@@ -50,7 +50,7 @@ import pandas as pd
 from .checkpoint import atomic_write_text, read_structured
 from .errors import MLResearchError
 from .results import REPO, provenance
-from .training.config import load_config
+from .training.config import ConfigError, load_config, preset_path
 from .training.run import config_differences, default_out
 
 
@@ -255,8 +255,10 @@ class Study:
             raise StudyError(f"--launch / MLRESEARCH_LAUNCH {launch!r} is not a command line: {e}") from None
 
         self.spec = load_study(path)
-        name = self.spec["config"]
-        self.config = Path(name) if name.endswith(".yaml") else REPO / "experiments" / "configs" / f"{name}.yaml"
+        try:
+            self.config = preset_path(self.spec["config"], near=path)
+        except ConfigError as e:
+            raise StudyError(f"study spec {path}: {e}") from None
         if not self.config.is_file():
             raise StudyError(f"study spec {path}: config {self.config} does not exist")
         self.root = runs_root(self.spec.get("root")).resolve()

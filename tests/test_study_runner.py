@@ -286,3 +286,20 @@ def test_a_launcher_starts_every_run_and_a_missing_one_is_one_clear_line(tmp_pat
     launched = (tmp_path / "launched").read_text().split()
     assert launched[:5] == ["--flag", "-m", "mlresearch.cli", "run", str(tmp_path / "smoke.yaml")]
     assert (Path(launched[launched.index("--out") + 1]) / "summary.json").exists()  # the tuning run, adopted as out
+
+
+def test_a_spec_finds_its_preset_by_name_in_the_configs_folder_beside_it(tmp_path, monkeypatch):
+    """A copy of experiments/ anywhere (an installed, non-editable package has none of its own):
+    a spec's preset name is looked up in the nearest configs/ above the spec; a missing one is one line
+    naming every place it looked."""
+    (tmp_path / "experiments" / "configs").mkdir(parents=True)
+    (tmp_path / "experiments" / "studies" / "records").mkdir(parents=True)
+    (tmp_path / "experiments" / "configs" / "my_preset.yaml").write_text((CONFIGS / "gpt2_smoke.yaml").read_text())
+    spec = tmp_path / "experiments" / "studies" / "records" / "mine.yaml"
+    spec.write_text(yaml.safe_dump({"config": "my_preset", "root": str(tmp_path / "runs"), "seeds": [0],
+                                    "runs": {"paper": {"method": "vcycle"}}}))
+    monkeypatch.chdir(tmp_path / "experiments")  # not where ./experiments/configs would be found
+    assert Study(spec, dry_run=True).config == (tmp_path / "experiments" / "configs" / "my_preset.yaml").resolve()
+    spec.write_text(spec.read_text().replace("my_preset", "no_such_preset"))
+    with pytest.raises(StudyError, match=r"no preset 'no_such_preset': looked for no_such_preset.yaml in .*configs"):
+        Study(spec, dry_run=True)

@@ -16,12 +16,10 @@ from .over_training import matrix_from_frame, similarity_frame, similarity_over_
 
 def probe_batch(config_path: str | Path, examples: int = 16) -> dict:
     """The first ``examples`` validation examples of a config's data (model inputs only)."""
-    from ..results import REPO
-    from ..training.config import load_config
+    from ..training.config import load_config, preset_path
     from ..training.models import data_settings
 
-    preset = REPO / "experiments" / "configs" / f"{config_path}.yaml"
-    cfg = load_config(config_path if Path(config_path).exists() or not preset.exists() else preset)
+    cfg = load_config(preset_path(config_path))
     data = load_data(cfg.task, data_settings(cfg), cfg.seed)
     idx = np.arange(min(examples, len(data.val)))
     return {k: v for k, v in make_batch(data, "val", idx, 10**9, cfg.seed).items() if k != "labels"}

@@ -343,6 +343,24 @@ def validate(cfg: RunConfig) -> None:
         settings.validate(cfg)
 
 
+def preset_path(name: str | Path, near: str | Path | None = None) -> Path:
+    """A config given by path, or a preset by name: ``<name>.yaml`` in the nearest ``configs`` folder
+    above ``near`` (a study spec in ``experiments/studies/`` -> ``experiments/configs/``), else in
+    ``./experiments/configs/``, else in the source checkout's. So presets are found in a clone or a
+    copy of ``experiments/`` whether the package is installed editable or not."""
+    if str(name).endswith((".yaml", ".yml")) or Path(name).is_file():
+        return Path(name)
+    from ..results import REPO
+
+    beside = [d / "configs" for d in Path(near).resolve().parents if (d / "configs").is_dir()][:1] if near else []
+    bases = beside + [Path("experiments") / "configs", REPO / "experiments" / "configs"]
+    for base in bases:
+        if (base / f"{name}.yaml").is_file():
+            return base / f"{name}.yaml"
+    raise ConfigError(f"no preset {name!r}: looked for {name}.yaml in {', '.join(str(b) for b in dict.fromkeys(bases))}; "
+                      "give a config file's path")
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     raw = read_structured(path, "config file", ConfigError, fmt="yaml")
     if not isinstance(raw, dict):
