@@ -323,6 +323,28 @@ def test_preserving_up_path_keeps_the_small_models_function(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_stacking_with_the_optimizer_copies_each_layers_adam_state(family):
+    """StackBERT with ``optimizer: carry``: the stacked model is G_stack's, and every parameter's
+    Adam moments and step are its source parameter's (block i + L takes block i's)."""
+    from mlresearch.operators import stack_layers, stack_layers_state
+
+    model = randomize(FACTORIES[family](layers=2), 4)
+    optimizer = adamw(model)
+    train_steps(model, optimizer, example_input(model))
+    stacked, carried = stack_layers_state(model, optimizer, 2)
+    plain = dict(stack_layers(model, 2).named_parameters())
+    prefix = family_of(model).layers + "."
+    p = dict(model.named_parameters())
+    for name, value in stacked.named_parameters():
+        assert torch.equal(value, plain[name]), name
+        source = p[f"{prefix}{int(name[len(prefix):].split('.', 1)[0]) % 2}.{name[len(prefix):].split('.', 1)[1]}"] \
+            if name.startswith(prefix) else p[name]
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(carried.state[value][key], optimizer.state[source][key]), (name, key)
+    assert [g["weight_decay"] for g in carried.param_groups] == [g["weight_decay"] for g in optimizer.param_groups]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_stacking_copies_the_whole_layer_stack(family):
     """G_stack on every family: block i of the stacked model is block i mod L of the original,
     every parameter outside the blocks is unchanged, and the config says the new depth."""

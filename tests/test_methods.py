@@ -345,3 +345,24 @@ def test_the_new_method_of_the_contributing_guide_is_one_file_and_runs(tmp_path,
     finally:  # the registries as they were
         METHODS.pop("mymethod", None)
         config_module.SETTINGS.pop("mymethod", None)
+
+
+def test_stackbert_doubles_the_depth_at_each_stage_on_one_schedule(tmp_path):
+    """Progressive stacking with two doublings: 1 -> 2 -> 4 layers, each stage on the full model's
+    LR schedule (the last runs to train.steps), two stack events; impossible shapes and budgets
+    are config errors."""
+    cfg = smoke("gpt2", "model.layers=4", "stackbert.steps=[3,3]", "stackbert.optimizer=reset")
+    summary = run_method(cfg, "stackbert", tmp_path / "run")
+    assert [(p["phase"], p["steps"]) for p in summary["phases"]] == [("stage0", 3), ("stage1", 3), ("stage2", 6)]
+    grown = [r for r in read_metrics(tmp_path / "run") if r.get("event") == "grown"]
+    assert [(r["op"], r["level"]) for r in grown] == [("stack", 1), ("stack", 2)]
+    model = load_model(tmp_path / "run" / "final_model")
+    assert family_of(model).sizes(model).layers == 4
+    lrs = {r["step"]: r["lr"] for r in read_metrics(tmp_path / "run") if "lr" in r and r.get("phase") == "stage2"}
+    assert lrs[max(lrs)] == 0.0  # the one schedule decays to zero at train.steps
+    with pytest.raises(ConfigError, match="2 doublings need model.layers divisible by 4, got 2"):
+        build_plan(smoke("gpt2", "stackbert.steps=[3,3]"), "stackbert")
+    with pytest.raises(ConfigError, match="stackbert.steps add up to 12"):
+        build_plan(smoke("gpt2", "stackbert.steps=[12]"), "stackbert")
+    with pytest.raises(ConfigError, match="stackbert.optimizer must be 'reset' or 'carry'"):
+        smoke("gpt2", "stackbert.optimizer=keep")

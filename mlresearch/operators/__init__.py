@@ -9,6 +9,7 @@ from .growth import (
     grow_depth,
     grow_width,
     stack_layers,
+    stack_layers_state,
     width_growth,
 )
 from .interpolation import interpolate, norm_ratios
@@ -36,5 +37,6 @@ __all__ = [
     "plan_transfer",
     "step_multipliers",
     "stack_layers",
+    "stack_layers_state",
     "width_growth",
 ]

@@ -133,9 +133,18 @@ def decoalesce_preserving(model: nn.Module, optimizer: Optimizer | None, scheme:
     return model, optimizer
 
 
+def _stack_scheme(model: nn.Module, factor: int) -> Scheme:
+    layers = family_of(model).sizes(model).layers
+    return Scheme.uniform(layers=layers * factor, width_factor=None, depth_factor=factor, depth="stack")
+
+
 def stack_layers(model: nn.Module, factor: int):
     """G_stack (Du et al. 2024): the whole layer stack copied ``factor`` times (layer i of the result
     is layer i mod L of ``model``). Not function-preserving; the optimizer starts afresh."""
-    layers = family_of(model).sizes(model).layers
-    scheme = Scheme.uniform(layers=layers * factor, width_factor=None, depth_factor=factor, depth="stack")
-    return plan_transfer(model, scheme, down=False).build(model)
+    return plan_transfer(model, _stack_scheme(model, factor), down=False).build(model)
+
+
+def stack_layers_state(model: nn.Module, optimizer: Optimizer, factor: int):
+    """:func:`stack_layers` with the optimizer carried: each copied layer takes its source layer's
+    Adam moments and step (progressive stacking that keeps the training state)."""
+    return decoalesce_state(model, optimizer, _stack_scheme(model, factor))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...operators import stack_layers
+from ...operators import stack_layers, stack_layers_state
 from ..config import ConfigError, MethodSettings, RunConfig, method_settings, positive, tag
 from ..models import model_sizes
 from ..phase import Phase
@@ -34,9 +34,13 @@ class StackSettings(MethodSettings):
 
 @transition("stack")
 def stack_step(run, state: State, step: Step) -> None:
-    """Copy the whole layer stack ``factor`` times; the optimizer starts afresh."""
+    """Copy the whole layer stack ``factor`` times; the optimizer starts afresh, or with ``carry``
+    each copied layer takes its source layer's Adam state (progressive stacking that keeps it)."""
     factor = step.option("factor")
-    grow(run, state, step, "stack", lambda m, o: (stack_layers(m, factor), None))
+    if step.option("carry") and state.optimizer is not None:
+        grow(run, state, step, "stack", lambda m, o: stack_layers_state(m, o, factor))
+    else:
+        grow(run, state, step, "stack", lambda m, o: (stack_layers(m, factor), None))
 
 
 def plan(cfg: RunConfig) -> Plan:
