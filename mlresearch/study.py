@@ -19,6 +19,7 @@ from .checkpoint import read_structured
 from .frontier import read_points, run_savings, spread_cell
 from .tasks import task_of
 from .training.compare import NonFiniteLoss, compare_runs, reach
+from .training.methods import methods_markdown
 from .training.config import load_config
 from .training.engine import read_metrics
 from .training.methods import describe_run, planned_ledger, title_of
@@ -34,7 +35,7 @@ PAPER = pd.DataFrame([
 
 # Generated blocks of the README and docs/: <!-- NAME:start --> ... <!-- NAME:end -->, rewritten by
 # `mlresearch table --docs FILE...`; tests/test_docs.py fails when one is stale.
-BLOCKS = ("answer", "results")
+BLOCKS = ("answer", "results", "methods")
 # What tells one variant of an experiment from another: the rows of variants() and the answer table.
 VARIANT_KEYS = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget"]
 
@@ -292,7 +293,7 @@ def generated_blocks(runs: pd.DataFrame, headline: dict[str, dict[str, str]] | N
     """The text of every generated block, from :func:`collect`'s rows and the headline run
     directories (with their labels) of each study experiment (:func:`mlresearch.study_runner.headlines`)."""
     table = variants(runs)
-    blocks = {"results": markdown(table)}
+    blocks = {"results": markdown(table), "methods": methods_markdown()}
     if headline is not None:
         mine = runs[[run in headline.get(e, {}) for e, run in zip(runs.experiment, runs.run)]] if len(runs) else runs
         labels = {(e, run): label for e, runs_ in headline.items() for run, label in runs_.items()}

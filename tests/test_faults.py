@@ -59,7 +59,7 @@ def leftovers(run_dir):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     root = tmp_path_factory.mktemp("uninterrupted")
-    for command in ("train", "vcycle", "run --method small", "run --method staged"):
+    for command in ("train", "vcycle", "run --method small", "run --method staged", "run --method bert2bert"):
         done = cli(*command.split(), SMOKE, "--out", root / command.replace(" ", "_"), *DROPOUT)
         assert done.returncode == 0, done.stderr[-2000:]
     return root
@@ -75,6 +75,8 @@ def uninterrupted(tmp_path_factory):
     ("train", ["between-renames:baseline#2", "step:baseline:10"], "baseline at step 8"),
     ("run --method small", ["step:small:6"], "small at step 4"),
     ("run --method staged", ["after:grow_width:1", "step:stage1:6"], "stage1 at step 4"),  # across a growth
+    ("run --method bert2bert", ["after:expand_width:1"], None),  # between its widening and its stacking
+    ("run --method bert2bert", ["after:stack:1", "step:stage1:6"], "stage1 at step 4"),
 ])
 def test_any_sequence_of_kills_resumes_to_the_uninterrupted_run(tmp_path, uninterrupted, command, faults, resumes_at):
     out, reference = tmp_path / "run", uninterrupted / command.replace(" ", "_")

@@ -362,3 +362,81 @@ def test_stacking_copies_the_whole_layer_stack(family):
             assert torch.equal(value, p[f"{prefix}{int(i) % 2}.{rest}"]), name
         else:
             assert torch.equal(value, p[name]), name
+
+
+# ----------------------------------------------------------------------------- bert2BERT's AKI
+def _writes_widened_units(roles) -> bool:
+    from mlresearch.operators.axes import role_info, role_segments
+
+    return any(role_info(s)[1] == "out" for r in roles if r is not None for s in role_segments(r))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_aki_takes_the_new_units_from_the_layer_above(family):
+    """bert2BERT's advanced knowledge initialisation, checked through coalescing (the exact inverse
+    of FPI, tested above): coalescing the AKI model averages each unit with its new copy, so every
+    block tensor that writes widened units comes back as the mean of its own layer's tensor and the
+    layer above's; the top block, tensors that only read widened units and everything outside the
+    blocks come back unchanged. FPI is ``init='split'``, whose function is kept (test above); AKI's
+    is not."""
+    model = randomize(FACTORIES[family](layers=3), 5)
+    fam = family_of(model)
+    grown, _ = grow_width(model, init="aki")
+    x = example_input(model)
+    assert abs(loss_of(grown, x).item() - loss_of(model, x).item()) > 1e-3  # not function-preserving
+    sizes = fam.sizes(grown)
+    back = dict(coalesce(grown, Scheme.uniform(heads=sizes.heads, width_factor=2, depth_factor=None)).named_parameters())
+    p, tied, upper = dict(model.named_parameters()), fam.head_tied(model), 0
+    for name, value in p.items():
+        where = fam.locate(name, tied)
+        expected = value
+        if where.layer is not None and where.layer < 2 and _writes_widened_units(where.roles):
+            expected = (value + p[fam.layer_name(where.layer + 1, where.rel)]) / 2
+            upper += 1
+        torch.testing.assert_close(back[name], expected, atol=1e-6, rtol=1e-5, msg=name)
+    assert upper >= 4  # attention and MLP matrices of both lower blocks
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_aki_carries_the_layer_aboves_adam_state_onto_the_new_units(family):
+    """With the optimizer carried, AKI's new units take the moments the layer above's units have
+    under FPI, the original units their own (FPI's), and every step count is kept."""
+    from mlresearch.operators.axes import new_units_mask
+
+    model = randomize(FACTORIES[family](layers=2), 6)
+    optimizer = adamw(model)
+    train_steps(model, optimizer, example_input(model))
+    aki, aki_opt = grow_width(model, optimizer, init="aki")
+    fpi, fpi_opt = grow_width(model, optimizer, init="split")
+    transfer = width_growth(model, init="aki")
+    fam, f = family_of(model), dict(fpi.named_parameters())
+    moved = 0
+    for name, param in aki.named_parameters():
+        where = fam.locate(name, fam.head_tied(aki))
+        own = fpi_opt.state[f[name]]
+        for key in ("exp_avg", "exp_avg_sq"):
+            expected = own[key]
+            if transfer.moves[name].upper:
+                mask = new_units_mask(where.roles, transfer.plan.width, param.shape)
+                expected = torch.where(mask, fpi_opt.state[f[fam.layer_name(where.layer + 1, where.rel)]][key], own[key])
+                moved += key == "exp_avg"
+            assert torch.equal(aki_opt.state[param][key], expected), (name, key)
+        assert aki_opt.state[param]["step"] == own["step"]
+    assert moved >= 4
+
+
+def test_aki_keeps_each_original_unit_where_fpi_puts_it():
+    """The positions behind the coalescing check above: in an FFN up-projection, the rows of every
+    group's first member (the original unit) are FPI's rows of the layer itself, the other members'
+    rows FPI's rows of the layer above."""
+    model = randomize(FACTORIES["llama"](layers=2), 7)
+    aki = dict(grow_width(model, init="aki")[0].named_parameters())
+    fpi = dict(grow_width(model, init="split")[0].named_parameters())
+    ffn = width_growth(model, init="aki").plan.width["ffn"]
+    own, above = fpi["model.layers.0.mlp.up_proj.weight"], fpi["model.layers.1.mlp.up_proj.weight"]
+    got = aki["model.layers.0.mlp.up_proj.weight"]
+    for group in ffn.groups:
+        for k, unit in enumerate(group):
+            rows = slice(unit * ffn.chunk, (unit + 1) * ffn.chunk)
+            assert torch.equal(got[rows], (own if k == 0 else above)[rows]), (group, k)
+    assert torch.equal(aki["model.layers.1.mlp.up_proj.weight"], above)  # the top block: FPI

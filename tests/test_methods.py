@@ -366,3 +366,32 @@ def test_stackbert_doubles_the_depth_at_each_stage_on_one_schedule(tmp_path):
         build_plan(smoke("gpt2", "stackbert.steps=[12]"), "stackbert")
     with pytest.raises(ConfigError, match="stackbert.optimizer must be 'reset' or 'carry'"):
         smoke("gpt2", "stackbert.optimizer=keep")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_bert2bert_widens_then_stacks_fpi_keeping_the_function_aki_not(tmp_path, family):
+    """bert2BERT on the smoke presets (post-norm BERT and pre-norm GPT-2): a half-width, half-depth
+    model for its steps, widened (FPI: the logged validation loss unchanged; AKI: changed), stacked to
+    the full depth, then the full model to train.steps on the one schedule; impossible shapes and
+    budgets are config errors."""
+    section = "bert2bert={init: %s, steps: 4, rewarmup: 2, optimizer: carry}"
+    losses = {}
+    for init in ("fpi", "aki"):
+        cfg = smoke(family, "model.layers=4", section % init)
+        summary = run_method(cfg, "bert2bert", tmp_path / init)
+        assert [(p["phase"], p["steps"]) for p in summary["phases"]] == [("stage0", 4), ("stage1", 8)]
+        grown = [r for r in read_metrics(tmp_path / init) if r.get("event") == "grown"]
+        assert [r["op"] for r in grown] == ["expand_width", "stack"]
+        losses[init] = grown[0]["val_loss_before"], grown[0]["val_loss_after"]
+        model = load_model(tmp_path / init / "final_model")
+        assert (family_of(model).sizes(model).layers, family_of(model).sizes(model).hidden) == (4, 32)
+        assert summary["flops_total"] == planned_ledger(cfg, "bert2bert")["flops"]
+    assert abs(losses["fpi"][0] - losses["fpi"][1]) <= 1e-6
+    assert abs(losses["aki"][0] - losses["aki"][1]) > 1e-5  # 5e-4 (GPT-2), 7e-5 (BERT) after 4 steps
+    assert losses["fpi"][0] == losses["aki"][0]  # the same small model up to the expansion
+    with pytest.raises(ConfigError, match="bert2bert.width 3 must divide the model's heads"):
+        build_plan(smoke(family, section % "fpi", "bert2bert.width=3"), "bert2bert")
+    with pytest.raises(ConfigError, match="bert2bert.steps 12 leaves no steps of train.steps 12"):
+        build_plan(smoke(family, section % "fpi", "bert2bert.steps=12"), "bert2bert")
+    with pytest.raises(ConfigError, match="bert2bert.init must be 'fpi' or 'aki'"):
+        smoke(family, section % "net2net")

@@ -163,6 +163,31 @@ def grad_factor(roles: tuple[Role, ...], width: dict[str, Grouping]) -> float:
     return 1.0 / sizes[0] if sizes else 1.0
 
 
+def new_units_mask(roles: tuple[Role, ...], width: dict[str, Grouping], shape) -> torch.Tensor:
+    """True at every entry of a widened tensor that belongs to a new output unit (a group's member
+    1.. g-1; member 0 is the unit's original position), False elsewhere, broadcast to ``shape``.
+    Input axes mark nothing: an entry reading a new unit is still written by an original one."""
+    mask = torch.zeros(shape, dtype=torch.bool)
+    for d, role in enumerate(roles):
+        if role is None:
+            continue
+        parts, marked = [], False
+        for seg in role_segments(role):
+            g, mode = grouping_for(width, seg), role_info(seg)[1]
+            members = g.member_index
+            marked |= mode == "out" and g.size > 1
+            parts.append(members > 0 if mode == "out" else torch.zeros_like(members, dtype=torch.bool))
+        if not marked:
+            continue
+        axis = torch.cat(parts)
+        if axis.numel() != shape[d]:
+            raise ValueError(f"axis {d} has size {shape[d]}, but its role {role!r} implies {axis.numel()}")
+        view = [1] * len(shape)
+        view[d] = -1
+        mask |= axis.view(view)
+    return mask
+
+
 HOWS = ("split", "block", "moment", "moment_sq")
 
 

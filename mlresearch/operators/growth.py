@@ -38,14 +38,27 @@ class NotLossPreservingWarning(UserWarning):
     """A growth operator was applied in a form that changes the model's function."""
 
 
+WIDTH_INITS = ("block", "split", "aki")
+
+
 def width_growth(model: nn.Module, factor: int = 2, init: str = "block") -> Transfer:
-    """The transfer that widens ``model`` by ``factor`` (heads, hidden and FFN; head_dim kept)."""
+    """The transfer that widens ``model`` by ``factor`` (heads, hidden and FFN; head_dim kept).
+
+    ``init``: ``"block"`` (staged training's block-diagonal matrices), ``"split"`` (de-coalescing,
+    which is also bert2BERT's function-preserving initialisation, FPI: every unit copied ``factor``
+    times, the inputs reading it divided by ``factor``; uniform copies keep LayerNorm's mean and
+    variance, so the function is kept exactly), or ``"aki"`` (bert2BERT's advanced knowledge
+    initialisation: FPI, except that in every block below the top one the new output units are the
+    block above's, so the widened model computes something else).
+    """
     if not isinstance(factor, int) or factor < 2:
         raise ValueError(f"growth factor must be an integer >= 2, got {factor!r}")
-    if init not in ("block", "split"):
-        raise ValueError(f"width init must be 'block' or 'split', got {init!r}")
+    if init not in WIDTH_INITS:
+        raise ValueError(f"width init must be one of {', '.join(WIDTH_INITS)}, got {init!r}")
     sizes = family_of(model).sizes(model)
     scheme = Scheme.uniform(heads=sizes.heads * factor, width_factor=factor, depth_factor=None)
+    if init == "aki":
+        return plan_transfer(model, scheme, down=False, width_init="split", upper_units=True)
     return plan_transfer(model, scheme, down=False, width_init=init)
 
 

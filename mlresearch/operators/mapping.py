@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import SchemeError
 from ..families import Sizes, family_of
-from .axes import Grouping, map_tensor
+from .axes import Grouping, map_tensor, new_units_mask
 from .scheme import Groups, Scheme, check_partition
 
 
@@ -139,6 +139,8 @@ class Move:
     roles: tuple  # axis roles, for the width map
     new: bool = False  # a parameter of an identity-initialised new block (its moments start at 0)
     zero: bool = False  # a residual writer of such a block
+    upper: bool = False  # bert2BERT's AKI: sources are (this layer, the layer above); the widened
+    # tensor keeps this layer's entries on every original unit and takes the layer above's on the new ones
 
 
 @dataclass
@@ -163,7 +165,11 @@ class Transfer:
             if self.plan.width is not None:
                 t = map_tensor(t, move.roles, self.plan.width, self.down, source, how)
             mapped.append(t)
-        t = mapped[0] if len(mapped) == 1 else reduce(torch.add, mapped) / len(mapped)
+        if move.upper:
+            t = torch.where(new_units_mask(move.roles, self.plan.width, mapped[0].shape).to(mapped[0].device),
+                            mapped[1], mapped[0])
+        else:
+            t = mapped[0] if len(mapped) == 1 else reduce(torch.add, mapped) / len(mapped)
         if move.zero or (move.new and kind != "param"):
             return torch.zeros_like(t)
         if any(t.data_ptr() == old[s].data_ptr() for s in move.sources):
@@ -183,11 +189,17 @@ def plan_transfer(
     down: bool,
     width_init: str = "split",
     identity_layers: frozenset[int] = frozenset(),
+    upper_units: bool = False,
 ) -> Transfer:
     """Work out, for every parameter of the mapped model, its sources and axis roles.
 
     ``identity_layers`` (going up only) are new layers whose residual writers start at zero.
+    ``upper_units`` (widening only, bert2BERT's advanced knowledge initialisation): the new output
+    units of every block but the top one are taken from the block above it instead of copied from
+    its own (:class:`Move` ``upper``); the top block and everything outside the blocks widen as usual.
     """
+    if upper_units and (down or scheme.depth is not None or scheme.width is None):
+        raise SchemeError("upper_units is a widening of the width alone (no coalescing, no depth map)")
     family = family_of(model)
     recipe = family.recipe(model)
     plan = make_plan(family.sizes(recipe), scheme, down)
@@ -211,7 +223,10 @@ def plan_transfer(
         for rel, roles in blocks[old_layers[0]].items():
             sources = tuple(family.layer_name(i, rel) for i in old_layers)
             zero = zero_here and family.writes_residual(rel)
-            moves[family.layer_name(new_layer, rel)] = Move(sources, roles, zero_here, zero)
+            if upper_units and new_layer + 1 in blocks:
+                sources += (family.layer_name(new_layer + 1, rel),)
+            moves[family.layer_name(new_layer, rel)] = Move(sources, roles, zero_here, zero,
+                                                            upper=upper_units and len(sources) == 2)
     target = plan.small if down else plan.big
     return Transfer(family, family.resize(recipe, target), plan, down, width_init, moves)
 

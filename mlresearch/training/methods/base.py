@@ -54,7 +54,8 @@ class Method:
     """Everything the code outside a method's file knows of it.
 
     ``plan(cfg)``: its phases and transitions; ``title``: how tables, figures and the README name it;
-    ``summary``: one line for the docs; ``reads``: the config's method sections it depends on (its
+    ``summary``, ``preserves``, ``costs``: the README's methods list (what it does, whether its
+    transitions keep the model's function, what it spends besides training steps); ``reads``: the config's method sections it depends on (its
     own settings, registered in its file with ``config.method_settings``, and any it borrows: the
     small control reads the V-cycle's), so a run is not told its config changed when another
     method's section did; ``describe(config as saved)``: the table columns that tell its variants
@@ -66,6 +67,8 @@ class Method:
     plan: Callable[[RunConfig], Plan]
     title: str = ""
     summary: str = ""
+    preserves: str = ""
+    costs: str = ""
     reads: tuple[str, ...] = ()
     describe: Callable[[dict], dict] = _no_columns
     run_name: Callable[[RunConfig], str] | None = None

@@ -13,4 +13,5 @@ def plan(cfg: RunConfig) -> Plan:
 
 
 METHOD = register(Method("baseline", plan, title="baseline",
-                         summary="the full model from scratch, its LR schedule decayed at the end of its budget"))
+                         summary="the full model from scratch, its LR schedule decayed at the end of its budget",
+                         preserves="-", costs="- (the frontier is one such run per budget)"))

@@ -159,3 +159,12 @@ def format_cost(cfg: RunConfig, gpus: int = 8, peak_tflops: float = H100_BF16_DE
             lines.append(f"  {name}: {100 * (1 - ledger['flops'] / base):.1f}% of the baseline's FLOPs saved, "
                          f"{hours(base) - hours(ledger['flops']):,.1f} GPU-hours")
     return "\n".join(lines)
+
+
+def methods_markdown() -> str:
+    """The README's methods list: one row per registered method, from its own ``Method`` entry."""
+    lines = ["| method | `--method` | what it does | function kept at its transitions | costs besides its training steps |",
+             "|---|---|---|---|---|"]
+    for name, m in METHODS.items():
+        lines.append(f"| {m.display()} | `{name}` | {m.summary} | {m.preserves or '-'} | {m.costs or '-'} |")
+    return "\n".join(lines) + "\n"

@@ -30,4 +30,5 @@ def _run_name(cfg: RunConfig) -> str:
 
 METHOD = register(Method("small", plan, title="small shape alone", reads=("vcycle",), describe=_describe,
                          run_name=_run_name, marker="v",
-                         summary="the V-cycle's smallest shape trained alone (the control growth must beat)"))
+                         summary="the V-cycle's smallest shape trained alone (the control growth must beat)",
+                         preserves="-", costs="-"))

@@ -66,4 +66,5 @@ def _describe(config: dict) -> dict:
 
 METHOD = register(Method("stack", plan, title="G_stack", reads=("stack",), describe=_describe, marker="s",
                          run_name=lambda cfg: f"stack-x{cfg.stack.factor}" + (f"-{cfg.stack.tag}" if cfg.stack.tag else ""),
-                         summary="train 1/factor of the layers, copy the stack factor times, continue"))
+                         summary="train 1/factor of the layers, copy the stack factor times, continue",
+                         preserves="no (a copied stack computes something else)", costs="- (the optimizer restarts)"))

@@ -75,4 +75,5 @@ def _run_name(cfg: RunConfig) -> str:
 METHOD = register(Method("stackbert", plan, title="StackBERT", reads=("stackbert",), describe=_describe,
                          run_name=_run_name, marker="P",
                          summary="progressive stacking: double the depth by stacking, k times, optimizer reset or "
-                                 "carried"))
+                                 "carried",
+                         preserves="no (each stacking changes the function)", costs="-"))

@@ -140,4 +140,6 @@ METHOD = register(Method("staged", plan, title="staged training", reads=("staged
                          run_name=lambda cfg: f"staged-{'-'.join(cfg.staged.grow)}" +
                          (f"-{cfg.staged.tag}" if cfg.staged.tag else ""), marker="D",
                          summary="grow x2 in width or depth with the whole training state, re-entering the LR "
-                                 "schedule (loss-preserving)"))
+                                 "schedule (loss-preserving)",
+                         preserves="yes: width exactly; depth in pre-norm models (identity blocks)",
+                         costs="-"))

@@ -410,4 +410,6 @@ def plan(cfg: RunConfig) -> Plan:
 METHOD = register(Method("vcycle", plan, title="V-cycle", reads=("vcycle",), describe=_describe_vcycle,
                          run_name=_vcycle_name, marker="o",
                          summary="coalesce after E_a, train the small model, de-coalesce and interpolate with the "
-                                 "partner, continue (K levels)"))
+                                 "partner, continue (K levels)",
+                         preserves="de-coalescing in width (copy up-path), not the interpolation",
+                         costs="M_k kept in memory beside the small model; a searched alpha's forward passes (charged)"))
