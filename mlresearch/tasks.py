@@ -31,6 +31,22 @@ class Task:
         """(mean loss, number of correct predictions when the task counts them)."""
         raise NotImplementedError
 
+    def logits(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean loss, the logits at every position the loss predicts, one row each)."""
+        raise NotImplementedError
+
+    def distilled_loss(self, model: nn.Module, teacher: nn.Module, batch: dict, weight: float) -> torch.Tensor:
+        """Knowledge Inheritance's loss: (1 - weight) * the task loss + weight * KL(teacher || model)
+        over the predicted positions (the teacher's forward pass without gradients)."""
+        loss, student = self.logits(model, batch)
+        if not len(student):  # nothing predicted in this micro-batch (no masked token)
+            return loss
+        with torch.no_grad():
+            _, target = self.logits(teacher, batch)
+        kl = nn.functional.kl_div(student.float().log_softmax(-1), target.float().log_softmax(-1), log_target=True,
+                                  reduction="batchmean")
+        return (1 - weight) * loss + weight * kl
+
     def batch(self, data, split: str, idx: np.ndarray, step: int, seed: int, part: tuple[int, int] = (0, 1)) -> dict:
         """Model inputs and labels for examples ``idx`` of ``split``: a pure function of its arguments.
         ``part`` (rank, world): ``idx`` is rows ``rank::world`` of the step's global batch, so random
@@ -46,12 +62,20 @@ class CausalLM(Task):
     def loss(self, model, batch):
         return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss, None
 
+    def logits(self, model, batch):  # position t predicts token t + 1 (the model shifts the labels)
+        out = model(input_ids=batch["input_ids"], labels=batch["labels"])
+        return out.loss, out.logits[:, :-1].flatten(0, 1)
+
     def batch(self, data, split, idx, step, seed, part=(0, 1)):
         ids = torch.from_numpy(data.split(split)[0][idx])
         return {"input_ids": ids, "labels": ids}
 
 
 class MaskedLM(CausalLM):
+    def logits(self, model, batch):  # the masked positions only
+        out = model(input_ids=batch["input_ids"], labels=batch["labels"])
+        return out.loss, out.logits[batch["labels"] != -100]
+
     def batch(self, data, split, idx, step, seed, part=(0, 1)):
         return mask_tokens(torch.from_numpy(data.split(split)[0][idx]), data, step, seed, part)
 
@@ -84,6 +108,10 @@ class ImageClassification(Task):
     def loss(self, model, batch):
         logits = model(batch["x"])
         return nn.functional.cross_entropy(logits, batch["labels"]), (logits.argmax(-1) == batch["labels"]).sum()
+
+    def logits(self, model, batch):
+        logits = model(batch["x"])
+        return nn.functional.cross_entropy(logits, batch["labels"]), logits
 
     def batch(self, data, split, idx, step, seed, part=(0, 1)):
         x, y = data.split(split)

@@ -395,3 +395,28 @@ def test_bert2bert_widens_then_stacks_fpi_keeping_the_function_aki_not(tmp_path,
         build_plan(smoke(family, section % "fpi", "bert2bert.steps=12"), "bert2bert")
     with pytest.raises(ConfigError, match="bert2bert.init must be 'fpi' or 'aki'"):
         smoke(family, section % "net2net")
+
+
+def test_knowledge_inheritance_distils_with_a_decaying_weight_and_charges_the_teacher(tmp_path):
+    """KI on the GPT-2 smoke preset: a half-width, half-depth teacher trained on its own schedule,
+    then the full model from scratch; the student phase is charged its own training plus one teacher
+    forward pass per example on each of the ki.steps steps of weight above 0 (counted here from the
+    saved models), and nothing more once the weight is 0."""
+    from mlresearch.training.flops import eval_flops_per_example, train_flops_per_example
+
+    cfg = smoke("gpt2", "ki.teacher_steps=4", "ki.steps=6", "ki.alpha=0.5")
+    summary = run_method(cfg, "ki", tmp_path / "run")
+    assert [(p["phase"], p["steps"]) for p in summary["phases"]] == [("teacher", 4), ("student", 12)]
+    student = load_model(tmp_path / "run" / "final_model")
+    teacher = load_model(tmp_path / "run" / "checkpoints" / "teacher" / "model")
+    assert family_of(teacher).sizes(teacher) == family_of(student).sizes(student).replace(
+        layers=1, heads=2, kv_heads=2, hidden=16, ffn=64)
+    seq, b = cfg.data.seq_len, cfg.train.batch_size
+    charged = summary["phases"][1]["flops"]
+    assert charged == 12 * b * train_flops_per_example(student, seq) + 6 * b * eval_flops_per_example(teacher, seq)
+    phase = next(p for p in build_plan(cfg, "ki") if isinstance(p, Phase) and p.teacher)
+    assert [phase.teacher_weight(s) for s in (0, 3, 6, 11)] == [0.5, 0.25, 0.0, 0.0]
+    with pytest.raises(ConfigError, match=r"ki.alpha must be a number in \(0, 1\]"):
+        smoke("gpt2", "ki.alpha=0")
+    with pytest.raises(ConfigError, match="ki: width 3 and depth 2 must divide"):
+        build_plan(smoke("gpt2", "ki.width=3"), "ki")

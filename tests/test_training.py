@@ -564,3 +564,39 @@ def test_study_tables_and_readme_section(tmp_path):
     assert runs.loc["small-seed0", "method_modelled_total_wall"] == pytest.approx(3.0)
     assert runs.loc["vcycle-seed1", "baseline_modelled_wall"] == pytest.approx(12.0)
     assert pd.isna(runs.loc["staged-seed0", "method_modelled_total_wall"])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_the_distilled_loss_is_the_mixture_of_the_task_loss_and_the_teachers_kl(family):
+    """Knowledge Inheritance's loss against an independent computation: (1 - w) * the task loss +
+    w * the mean over predicted positions of sum_v p_teacher (log p_teacher - log p_student), the
+    positions being every next-token prediction (causal LM) or the masked tokens (masked LM); a
+    teacher equal to the student adds nothing."""
+    import copy
+    from types import SimpleNamespace
+
+    from models import randomize
+
+    from mlresearch.tasks import mask_tokens, task_of
+
+    torch.manual_seed(0)
+    student, teacher = randomize(FACTORIES[family](), 1), randomize(FACTORIES[family](), 2)
+    vocab = student.config.vocab_size
+    ids = torch.randint(5, vocab, (3, 10))
+    if family == "bert":
+        task = task_of("masked_lm")
+        data = SimpleNamespace(mask_prob=0.4, vocab_size=vocab, special={"pad": 0, "cls": 1, "sep": 2, "mask": 3})
+        batch = mask_tokens(ids, data, step=0, seed=0)
+        keep = batch["labels"] != -100
+        s, t = student(input_ids=batch["input_ids"]).logits[keep], teacher(input_ids=batch["input_ids"]).logits[keep]
+    else:
+        task, batch = task_of("causal_lm"), {"input_ids": ids, "labels": ids}
+        s, t = student(input_ids=ids).logits[:, :-1].flatten(0, 1), teacher(input_ids=ids).logits[:, :-1].flatten(0, 1)
+    task_loss, _ = task.loss(student, batch)
+    p_t = t.softmax(-1)
+    kl = (p_t * (p_t.log() - s.log_softmax(-1))).sum(-1).mean()
+    for w in (0.0, 0.3, 1.0):
+        got = task.distilled_loss(student, teacher, batch, w)
+        torch.testing.assert_close(got, (1 - w) * task_loss + w * kl, atol=1e-5, rtol=1e-5)
+    same = task.distilled_loss(student, copy.deepcopy(student), batch, 0.3)
+    torch.testing.assert_close(same, 0.7 * task_loss, atol=1e-6, rtol=1e-6)

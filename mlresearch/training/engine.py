@@ -33,7 +33,7 @@ from ..errors import MLResearchError
 from ..faults import fault_point
 from ..tasks import task_of
 from .config import RunConfig
-from .flops import peak_flops, train_flops_per_example
+from .flops import eval_flops_per_example, peak_flops, train_flops_per_example
 from .phase import Phase
 
 
@@ -218,8 +218,12 @@ def train_phase(
     ledger: Ledger,
     ckpt_dir: Path,
     resume: bool = False,
+    teacher: nn.Module | None = None,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Train ``model`` for ``phase.steps`` steps; returns the trained model and its optimizer.
+    With a ``teacher`` (a phase with ``teacher`` settings) each step whose weight
+    (:meth:`Phase.teacher_weight`) is above 0 adds the distillation term and is charged the
+    teacher's forward pass.
 
     Each step: one optimizer step on the global batch, the ledger charged, then what the step is due
     for: a log row, an evaluation (with the growth trigger, for a phase that has one), a checkpoint
@@ -235,6 +239,10 @@ def train_phase(
     accelerator.free_memory()  # drop the previous phase's references
     seq = task_of(data.task).seq_len(cfg)
     flops_per_example, tokens_per_example = train_flops_per_example(model, seq), seq or 1
+    teacher_flops = 0.0
+    if teacher is not None:
+        teacher = teacher.to(accelerator.device).eval().requires_grad_(False)
+        teacher_flops = eval_flops_per_example(teacher, seq)
     model, optimizer, scheduler, raw, sharded = _distribute(model, optimizer, scheduler, phase, cfg, accelerator)
     batch, world, device = t.batch_size, accelerator.num_processes, accelerator.device
     micro = _micro_batch(cfg, world)
@@ -248,7 +256,8 @@ def train_phase(
         tick = time.perf_counter()
         done = step + 1  # steps count from 1, as in metrics.jsonl
         idx = batch_indices(len(data.train), batch, ledger.data_step, cfg.seed)[accelerator.process_index::world]
-        total = accumulate(model, data, idx, micro, ledger.data_step, cfg, accelerator)
+        weight = phase.teacher_weight(step) if teacher is not None else 0.0
+        total = accumulate(model, data, idx, micro, ledger.data_step, cfg, accelerator, teacher if weight else None, weight)
         first_bad = torch.where((first_bad == 0) & ~torch.isfinite(total), done, first_bad)
         if t.grad_clip:
             accelerator.clip_grad_norm_(model.parameters(), t.grad_clip)
@@ -265,7 +274,7 @@ def train_phase(
             if bad or not math.isfinite(mean_loss):
                 raise TrainingDiverged(f"loss is {'nan' if bad else mean_loss} in phase {phase.name} at step "
                                        f"{bad or done}; stopping. The last good checkpoint is {progress.last_good}")
-        ledger.flops += flops_per_example * batch
+        ledger.flops += (flops_per_example + (teacher_flops if weight else 0.0)) * batch
         ledger.examples += batch
         ledger.tokens += tokens_per_example * batch
         ledger.data_step += 1
@@ -480,11 +489,13 @@ def no_sync(model, accelerator):
             yield
 
 
-def accumulate(model, data: Data, idx: np.ndarray, micro: int, data_step: int, cfg: RunConfig, accelerator) -> torch.Tensor:
+def accumulate(model, data: Data, idx: np.ndarray, micro: int, data_step: int, cfg: RunConfig, accelerator,
+               teacher: nn.Module | None = None, weight: float = 0.0) -> torch.Tensor:
     """Forward and backward this process's examples ``idx`` of one step in micro-batches of
     ``micro``, gradients accumulated (synchronised between processes only on the last); returns
     the step's mean loss, still on the device. Each micro-batch's mean loss is weighted by its
-    share of the examples, so for equal-length sequences the sum is the whole batch's mean."""
+    share of the examples, so for equal-length sequences the sum is the whole batch's mean. With
+    a ``teacher`` the loss is the task's distilled loss of ``weight``."""
     from contextlib import nullcontext
 
     part = (accelerator.process_index, accelerator.num_processes)  # idx = rows rank::world of the step's batch
@@ -495,7 +506,10 @@ def accumulate(model, data: Data, idx: np.ndarray, micro: int, data_step: int, c
         inputs = {k: v[i:i + micro].to(accelerator.device) for k, v in batch.items()}
         with no_sync(model, accelerator) if j < len(starts) - 1 else nullcontext():
             with torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=cfg.train.bf16):
-                loss, _ = compute_loss(model, inputs, data.task)
+                if teacher is None:
+                    loss, _ = compute_loss(model, inputs, data.task)
+                else:
+                    loss = task_of(data.task).distilled_loss(model, teacher, inputs, weight)
             loss = loss * (min(micro, len(idx) - i) / len(idx))
             accelerator.backward(loss)
         total += loss.detach().float()

@@ -28,6 +28,16 @@ class Phase:
     sizes: Any = None  # the model's size, for the planned FLOPs (default: the config's model)
     reenter: float | None = None  # start at (where the previous phase ended) / reenter, not at ``start``
     to_end: bool = False  # with ``reenter``: run to the end of the ``horizon``, not ``steps``
+    teacher: tuple | None = None  # (alpha, steps, sizes): distil from the plan's teacher (Knowledge Inheritance)
+
+    def teacher_weight(self, step: int) -> float:
+        """The distillation term's weight at the phase's 0-based ``step``: ``alpha`` decayed linearly
+        to 0 over ``steps`` (the loss is (1 - w) * task loss + w * KL(teacher || model)); 0 without a
+        teacher. Steps of weight 0 run no teacher forward pass."""
+        if self.teacher is None:
+            return 0.0
+        alpha, steps, _ = self.teacher
+        return alpha * max(0.0, 1.0 - step / steps)
 
     def placed(self, position: int) -> "Phase":
         """This phase after a previous one ended at schedule ``position`` (the plan's ``start`` and

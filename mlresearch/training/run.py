@@ -167,7 +167,7 @@ class Run:
         torch.manual_seed(self.cfg.seed)
         return build_model(self.cfg, self.data.vocab_size or None, self.data.special, sizes=sizes)
 
-    def train(self, model, optimizer, phase: Phase):
+    def train(self, model, optimizer, phase: Phase, teacher=None):
         start = dict(flops=self.ledger.flops, wall=self.ledger.wall, examples=self.ledger.examples)
         if self.resume and phase_done(self.ckpt, phase):
             state = load_state(self.ckpt / phase.name)
@@ -182,7 +182,7 @@ class Run:
             model, optimizer = trained, opt
         else:
             model, optimizer = train_phase(model, optimizer, phase, self.data, self.cfg, self.accelerator, self.log,
-                                           self.ledger, self.ckpt, resume=self.resume)
+                                           self.ledger, self.ckpt, resume=self.resume, teacher=teacher)
         steps = state_value(self.ckpt / phase.name, "step")  # fewer than planned where a trigger ended it
         record = {"event": "phase_end", "phase": phase.name, "level": phase.level, "steps": steps,
                   "flops": self.ledger.flops - start["flops"], "wall": self.ledger.wall - start["wall"],

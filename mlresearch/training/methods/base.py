@@ -43,6 +43,7 @@ class State:
     partners: dict[int, torch.nn.Module] = field(default_factory=dict)  # M_k right before coalescing
     schemes: dict[int, Any] = field(default_factory=dict)  # the scheme that coalesced level k
     position: int = 0  # where in its LR schedule the last phase ended
+    teacher: torch.nn.Module | None = None  # a trained model later phases distil from (Knowledge Inheritance)
 
 
 def _no_columns(config: dict) -> dict:

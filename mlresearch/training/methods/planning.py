@@ -9,7 +9,7 @@ import torch
 from ...families import FAMILIES
 from ...tasks import task_of
 from ..config import ConfigError, RunConfig
-from ..flops import train_flops_per_example
+from ..flops import eval_flops_per_example, train_flops_per_example
 from ..models import model_options, model_sizes
 from ..phase import Phase
 from .base import CHECKS, COSTS, METHODS, TRANSITIONS, Plan, State, Step
@@ -39,7 +39,10 @@ def execute(run, plan: Plan) -> torch.nn.Module:
     for item in plan:
         if isinstance(item, Phase):
             item = item.placed(state.position)
-            state.model, state.optimizer = run.train(state.model, state.optimizer, item)
+            if item.teacher is not None and state.teacher is None:
+                raise ConfigError(f"phase {item.name!r} distils from a teacher, but the plan kept none before it")
+            state.model, state.optimizer = run.train(state.model, state.optimizer, item,
+                                                     teacher=state.teacher if item.teacher is not None else None)
             state.position = item.start + run.phases[-1]["steps"]
         else:
             TRANSITIONS[item.op](run, state, item)
@@ -78,9 +81,11 @@ def planned_ledger(cfg: RunConfig, name: str) -> dict:
         if isinstance(item, Phase):
             sizes = item.sizes or full
             model = model_of(sizes)
+            taught = min(item.steps, item.teacher[1]) if item.teacher else 0  # steps of weight > 0
+            teacher = eval_flops_per_example(model_of(item.teacher[2]), seq) if taught else 0.0
             phases.append({"phase": item.name, "level": item.level, "steps": item.steps,
                            "examples": item.steps * b, "tokens": item.steps * b * (seq or 1),
-                           "flops": item.steps * b * train_flops_per_example(model, seq),
+                           "flops": item.steps * b * train_flops_per_example(model, seq) + taught * b * teacher,
                            "params": sum(p.numel() for p in model.parameters()), "sizes": sizes})
         elif item.op in COSTS:
             flops, examples = COSTS[item.op](cfg, item, model_of(at_level.get(item.level, full)))
