@@ -440,3 +440,33 @@ def test_aki_keeps_each_original_unit_where_fpi_puts_it():
             rows = slice(unit * ffn.chunk, (unit + 1) * ffn.chunk)
             assert torch.equal(got[rows], (own if k == 0 else above)[rows]), (group, k)
     assert torch.equal(aki["model.layers.1.mlp.up_proj.weight"], above)  # the top block: FPI
+
+
+# ----------------------------------------------------------------------------- LiGO
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ligo_starts_at_fpi_and_stacking_and_its_fit_lowers_the_loss_it_was_fitted_on(family):
+    """The learned operator before fitting is exactly bert2BERT's FPI widening followed by stacking
+    (both tested on their own above); ten Adam steps on one batch's loss lower that loss; the
+    materialised model computes what the operator computes; and the grown model does not keep the
+    small model's function."""
+    from mlresearch.operators import stack_layers
+    from mlresearch.operators.ligo import LinearGrowth, fit
+
+    model = randomize(FACTORIES[family](layers=2), 8)
+    x = example_input(model)
+    operator = LinearGrowth(model, width=2, depth=2)
+    reference = dict(stack_layers(grow_width(model, init="split")[0], 2).named_parameters())
+    start = operator.parameters_of_large()
+    assert set(start) == set(reference)
+    for name, value in reference.items():
+        torch.testing.assert_close(start[name], value, atol=1e-6, rtol=1e-6, msg=name)
+    losses = fit(operator, loss_of, [x] * 10, lr=1e-2)
+    grown = operator.materialise()
+    after = loss_of(grown, x).item()
+    assert after < losses[0] - 0.1, (losses[0], after)
+    assert abs(loss_of(operator, x).item() - after) <= 1e-5
+    assert abs(after - loss_of(model, x).item()) > 1e-3
+    assert family_of(grown).sizes(grown) == family_of(model).sizes(model).replace(
+        layers=4, heads=2 * family_of(model).sizes(model).heads, kv_heads=2 * family_of(model).sizes(model).kv_heads,
+        hidden=2 * family_of(model).sizes(model).hidden, ffn=2 * family_of(model).sizes(model).ffn)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), randomize(FACTORIES[family](layers=2), 8).parameters()))

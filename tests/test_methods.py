@@ -420,3 +420,25 @@ def test_knowledge_inheritance_distils_with_a_decaying_weight_and_charges_the_te
         smoke("gpt2", "ki.alpha=0")
     with pytest.raises(ConfigError, match="ki: width 3 and depth 2 must divide"):
         build_plan(smoke("gpt2", "ki.width=3"), "ki")
+
+
+def test_ligo_fits_its_operator_and_charges_each_fitting_step_as_a_large_training_step(tmp_path):
+    """LiGO on the GPT-2 smoke preset: the small stage, the fit logged (its loss before and after),
+    the large model trained to train.steps; the fit is charged fit_steps x batch x the large model's
+    training FLOPs per example (counted here from the saved model), in the plan and the ledger."""
+    from mlresearch.training.flops import train_flops_per_example
+
+    cfg = smoke("gpt2", "model.layers=4", "ligo.fit_steps=5")
+    summary = run_method(cfg, "ligo", tmp_path / "run")
+    assert [(p["phase"], p["steps"]) for p in summary["phases"]] == [("stage0", 4), ("stage1", 8)]
+    rows = read_metrics(tmp_path / "run")
+    fitted = next(r for r in rows if r.get("event") == "ligo_fit")
+    model = load_model(tmp_path / "run" / "final_model")
+    assert family_of(model).sizes(model).layers == 4
+    assert fitted["flops"] == 5 * cfg.train.batch_size * train_flops_per_example(model, cfg.data.seq_len)
+    phases = sum(p["flops"] for p in summary["phases"])
+    assert summary["flops_total"] == phases + fitted["flops"] == planned_ledger(cfg, "ligo")["flops"]
+    with pytest.raises(ConfigError, match="ligo.steps 12 leaves no steps"):
+        build_plan(smoke("gpt2", "ligo.steps=12"), "ligo")
+    with pytest.raises(ConfigError, match=r"ligo.fit_lr must be a number in \(0, inf\)"):
+        smoke("gpt2", "ligo.fit_lr=0")
