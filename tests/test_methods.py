@@ -13,6 +13,7 @@ from mlresearch.training.config import ConfigError
 from mlresearch.training.engine import read_metrics
 from mlresearch.training.methods import METHODS, Method, Phase, Step, build_plan, planned_ledger
 from mlresearch.training.methods.vcycle import level_sizes
+from mlresearch.training.models import model_sizes
 from mlresearch.training.run import run_method
 
 pytestmark = pytest.mark.usefixtures("isolated_data_cache")
@@ -442,3 +443,20 @@ def test_ligo_fits_its_operator_and_charges_each_fitting_step_as_a_large_trainin
         build_plan(smoke("gpt2", "ligo.steps=12"), "ligo")
     with pytest.raises(ConfigError, match=r"ligo.fit_lr must be a number in \(0, inf\)"):
         smoke("gpt2", "ligo.fit_lr=0")
+
+
+@pytest.mark.parametrize("family", ["bert", "deit", "llama"])
+@pytest.mark.parametrize("method, section", [
+    ("stackbert", "stackbert={steps: [4], rewarmup: 2, optimizer: carry}"),
+    ("bert2bert", "bert2bert={init: aki, steps: 4, rewarmup: 2, optimizer: carry}"),
+    ("ki", "ki={teacher_steps: 4, alpha: 0.5, steps: 6}"),
+    ("ligo", "ligo={steps: 4, fit_steps: 3, rewarmup: 2}"),
+])
+def test_the_comparison_methods_run_on_every_smoke_preset(tmp_path, family, method, section):
+    """Each comparison method end to end on the other families' smoke presets (the first test runs
+    every method on GPT-2's): its ledger equals its plan and the final model has the config's shape."""
+    cfg = smoke(family, section)
+    summary = run_method(cfg, method, tmp_path / "run")
+    assert summary["flops_total"] == planned_ledger(cfg, method)["flops"]
+    model = load_model(tmp_path / "run" / "final_model")
+    assert family_of(model).sizes(model) == model_sizes(cfg)
