@@ -390,7 +390,7 @@ def test_bert2bert_widens_then_stacks_fpi_keeping_the_function_aki_not(tmp_path,
     assert abs(losses["fpi"][0] - losses["fpi"][1]) <= 1e-6
     assert abs(losses["aki"][0] - losses["aki"][1]) > 1e-5  # 5e-4 (GPT-2), 7e-5 (BERT) after 4 steps
     assert losses["fpi"][0] == losses["aki"][0]  # the same small model up to the expansion
-    with pytest.raises(ConfigError, match="bert2bert.width 3 must divide the model's heads"):
+    with pytest.raises(ConfigError, match="bert2bert: width 3 and depth 2 must divide the model's heads"):
         build_plan(smoke(family, section % "fpi", "bert2bert.width=3"), "bert2bert")
     with pytest.raises(ConfigError, match="bert2bert.steps 12 leaves no steps of train.steps 12"):
         build_plan(smoke(family, section % "fpi", "bert2bert.steps=12"), "bert2bert")

@@ -115,6 +115,21 @@ def transition(name: str, cost: Callable | None = None, check: Callable | None =
     return register_fn
 
 
+def shrunk(full, width: int, depth: int, method: str):
+    """The model of 1/width of ``full``'s heads, KV heads, hidden and FFN units and 1/depth of its
+    layers (the small shape of bert2BERT, KI and LiGO; the V-cycle's halving one for 2 and 2)."""
+    from ..config import ConfigError
+
+    if width == 1 and depth == 1:
+        raise ConfigError(f"{method}: width 1 and depth 1 leave the full model; make one of them >= 2")
+    if any(n % width for n in (full.heads, full.kv_heads, full.hidden, full.ffn)) or full.layers % depth:
+        raise ConfigError(f"{method}: width {width} and depth {depth} must divide the model's heads, KV heads, hidden, "
+                          f"FFN units and layers ({full.heads}, {full.kv_heads}, {full.hidden}, {full.ffn}, "
+                          f"{full.layers})")
+    return full.replace(heads=full.heads // width, kv_heads=full.kv_heads // width, hidden=full.hidden // width,
+                        ffn=full.ffn // width, layers=full.layers // depth)
+
+
 def name_part(text: str) -> str:
     """A config value as a piece of a directory name (a scheme path becomes its file stem)."""
     if text.endswith(".json"):

@@ -22,7 +22,7 @@ from ...operators import grow_width
 from ..config import ConfigError, MethodSettings, RunConfig, method_settings, positive, tag
 from ..models import model_sizes
 from ..phase import Phase
-from .base import Method, Plan, State, Step, grow, register, transition
+from .base import Method, Plan, State, Step, grow, register, shrunk, transition
 
 INITS = {"fpi": "split", "aki": "aki"}  # bert2bert.init -> the width operator's init
 
@@ -69,16 +69,9 @@ def plan(cfg: RunConfig) -> Plan:
     if cfg.bert2bert is None:
         raise ConfigError("method 'bert2bert' needs the config's bert2bert section (init, steps, width, depth)")
     t, b, full = cfg.train, cfg.bert2bert, model_sizes(cfg)
-    if b.width > 1 and any(n % b.width for n in (full.heads, full.kv_heads, full.hidden, full.ffn)):
-        raise ConfigError(f"bert2bert.width {b.width} must divide the model's heads, KV heads, hidden and FFN units "
-                          f"({full.heads}, {full.kv_heads}, {full.hidden}, {full.ffn})")
-    if full.layers % b.depth:
-        raise ConfigError(f"bert2bert.depth {b.depth} does not divide model.layers {full.layers}")
     if b.steps >= t.steps:
         raise ConfigError(f"bert2bert.steps {b.steps} leaves no steps of train.steps {t.steps} for the full model")
-    w = b.width
-    small = full.replace(heads=full.heads // w, kv_heads=full.kv_heads // w, hidden=full.hidden // w,
-                         ffn=full.ffn // w, layers=full.layers // b.depth)
+    w, small = b.width, shrunk(full, b.width, b.depth, "bert2bert")
     carry = (("carry", b.optimizer == "carry"),)
     items: Plan = [Step("new_model", 1, (("sizes", small),)),
                    Phase("stage0", 1, b.steps, t.lr, t.warmup, horizon=t.steps, sizes=small)]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..config import ConfigError, MethodSettings, RunConfig, method_settings, number, positive, tag
 from ..models import model_sizes
 from ..phase import Phase
-from .base import Method, Plan, State, Step, register, transition
+from .base import Method, Plan, State, Step, register, shrunk, transition
 
 
 @method_settings("ki")
@@ -51,14 +51,7 @@ def plan(cfg: RunConfig) -> Plan:
     if cfg.ki is None:
         raise ConfigError("method 'ki' needs the config's ki section (teacher_steps, alpha, steps)")
     t, k, full = cfg.train, cfg.ki, model_sizes(cfg)
-    w = k.width
-    if any(n % w for n in (full.heads, full.kv_heads, full.hidden, full.ffn)) or full.layers % k.depth:
-        raise ConfigError(f"ki: width {w} and depth {k.depth} must divide the model's heads, KV heads, hidden, FFN "
-                          f"units and layers ({full.heads}, {full.kv_heads}, {full.hidden}, {full.ffn}, {full.layers})")
-    if w == 1 and k.depth == 1:
-        raise ConfigError("ki: width 1 and depth 1 make the teacher the full model; make one of them >= 2")
-    small = full.replace(heads=full.heads // w, kv_heads=full.kv_heads // w, hidden=full.hidden // w,
-                         ffn=full.ffn // w, layers=full.layers // k.depth)
+    small = shrunk(full, k.width, k.depth, "ki")
     return [Step("new_model", 1, (("sizes", small),)),
             Phase("teacher", 1, k.teacher_steps, t.lr, min(t.warmup, k.teacher_steps // 2), sizes=small),
             Step("keep_teacher", 1),

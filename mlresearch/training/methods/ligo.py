@@ -20,7 +20,7 @@ from ..config import ConfigError, MethodSettings, RunConfig, method_settings, nu
 from ..flops import train_flops_per_example
 from ..models import model_sizes
 from ..phase import Phase
-from .base import Method, Plan, State, Step, grow, register, transition
+from .base import Method, Plan, State, Step, grow, register, shrunk, transition
 
 
 @method_settings("ligo")
@@ -63,10 +63,13 @@ def ligo_step(run, state: State, step: Step) -> None:
         operator = LinearGrowth(model, step.option("width"), step.option("depth"))
         device, start, b = next(model.parameters()).device, run.ledger.data_step, cfg.train.batch_size
         operator.to(device)
-        batches = ({k: v.to(device) for k, v in make_batch(data, "train", batch_indices(len(data.train), b, start + i,
-                                                                                        cfg.seed), start + i,
-                                                           cfg.seed).items()} for i in range(fit_steps))
-        losses = fit(operator, lambda op, batch: task_of(data.task).loss(op, batch)[0], batches, step.option("lr"))
+
+        def batch(i):  # the training stream's next batches, as the next phase would have drawn them
+            idx = batch_indices(len(data.train), b, start + i, cfg.seed)
+            return {k: v.to(device) for k, v in make_batch(data, "train", idx, start + i, cfg.seed).items()}
+
+        losses = fit(operator, lambda op, inputs: task_of(data.task).loss(op, inputs)[0],
+                     (batch(i) for i in range(fit_steps)), step.option("lr"))
         flops, examples = fit_cost(cfg, step, operator.skeleton)
         run.ledger.flops += flops
         run.ledger.data_step += fit_steps
@@ -81,17 +84,12 @@ def plan(cfg: RunConfig) -> Plan:
     if cfg.ligo is None:
         raise ConfigError("method 'ligo' needs the config's ligo section (steps, width, depth, fit_steps)")
     t, g, full = cfg.train, cfg.ligo, model_sizes(cfg)
-    w = g.width
-    if any(n % w for n in (full.heads, full.kv_heads, full.hidden, full.ffn)) or full.layers % g.depth:
-        raise ConfigError(f"ligo: width {w} and depth {g.depth} must divide the model's heads, KV heads, hidden, FFN "
-                          f"units and layers ({full.heads}, {full.kv_heads}, {full.hidden}, {full.ffn}, {full.layers})")
     if g.steps >= t.steps:
         raise ConfigError(f"ligo.steps {g.steps} leaves no steps of train.steps {t.steps} for the full model")
-    small = full.replace(heads=full.heads // w, kv_heads=full.kv_heads // w, hidden=full.hidden // w,
-                         ffn=full.ffn // w, layers=full.layers // g.depth)
+    small = shrunk(full, g.width, g.depth, "ligo")
     return [Step("new_model", 1, (("sizes", small),)),
             Phase("stage0", 1, g.steps, t.lr, t.warmup, horizon=t.steps, sizes=small),
-            Step("ligo", 2, (("width", w), ("depth", g.depth), ("fit_steps", g.fit_steps), ("lr", g.fit_lr))),
+            Step("ligo", 2, (("width", g.width), ("depth", g.depth), ("fit_steps", g.fit_steps), ("lr", g.fit_lr))),
             Phase("stage1", 2, t.steps - g.steps, t.lr, t.warmup, horizon=t.steps, start=g.steps,
                   rewarmup=g.rewarmup, sizes=full)]
 
