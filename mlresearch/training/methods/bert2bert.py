@@ -58,11 +58,9 @@ class Bert2BertSettings(MethodSettings):
 @transition("expand_width")
 def expand_width(run, state: State, step: Step) -> None:
     """Widen by ``factor`` with bert2BERT's FPI or AKI; Adam's state mapped along with ``carry``."""
-    factor, init = step.option("factor"), INITS[step.option("init")]
-    if step.option("carry") and state.optimizer is not None:
-        grow(run, state, step, "expand_width", lambda m, o: grow_width(m, o, factor=factor, init=init))
-    else:
-        grow(run, state, step, "expand_width", lambda m, o: (grow_width(m, None, factor=factor, init=init)[0], None))
+    factor, init, carry = step.option("factor"), INITS[step.option("init")], step.option("carry")
+    # grow_width maps the optimizer it is given and returns None for None: a reset drops it
+    grow(run, state, step, "expand_width", lambda m, o: grow_width(m, o if carry else None, factor=factor, init=init))
 
 
 def plan(cfg: RunConfig) -> Plan:
