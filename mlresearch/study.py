@@ -1,7 +1,7 @@
 """Study tables: every method's run in results/ (V-cycle, staged, G_stack, the small model alone ...)
 against the baseline of its experiment and seed (``results/<experiment>/baseline-seed<seed>`` beside it).
 
-Nothing here is typed by hand except :data:`PAPER`, the savings the multi-level paper *reports*
+Nothing here is typed by hand except :data:`PAPER` and :data:`PAPER_TABLES`, what the multi-level paper *reports*
 (Zou et al., ICLR 2024; FLOPs and wall-time saving against training the same model from scratch),
 shown beside our measurements and labelled as such.
 """
@@ -19,10 +19,9 @@ from .checkpoint import read_structured
 from .frontier import read_points, run_savings, spread_cell
 from .tasks import task_of
 from .training.compare import NonFiniteLoss, compare_runs, reach
-from .training.methods import methods_markdown
 from .training.config import load_config
 from .training.engine import read_metrics
-from .training.methods import describe_run, planned_ledger, title_of
+from .training.methods import describe_run, methods_markdown, planned_ledger, title_of
 from .training.models import parameter_counts
 
 PAPER = pd.DataFrame([
@@ -32,6 +31,21 @@ PAPER = pd.DataFrame([
     {"model": "BERT-Large", "levels": 2, "flops_saving_pct": 37.4, "wall_saving_pct": 32.9},
     {"model": "BERT-Large", "levels": 3, "flops_saving_pct": 51.6, "wall_saving_pct": 41.9},
 ]).assign(source="paper (reported)")
+
+# The rows of the multi-level paper's comparison tables, as it reports them (None: a number our sources
+# of the paper do not give), and the study experiment each table is read against here.
+PAPER_TABLES = pd.DataFrame([
+    {"table": "Table 1 (BERT-Base)", "method": "vcycle", "flops": 19.0, "wall": 10.8, "metric": "GLUE 79.8 vs 79.7"},
+    {"table": "Table 1 (BERT-Base)", "method": "stackbert", "flops": None, "wall": None, "metric": None},
+    {"table": "Table 1 (BERT-Base)", "method": "bert2bert", "flops": None, "wall": "< 0", "metric": None},
+    {"table": "Table 1 (BERT-Base)", "method": "ligo", "flops": 17.4, "wall": None, "metric": None},
+    {"table": "Table 1 (BERT-Base)", "method": "ki", "flops": None, "wall": -25.9, "metric": None},
+    {"table": "Table 2 (GPT-Base)", "method": "baseline", "flops": 0.0, "wall": 0.0, "metric": "PTB ppl 146.3"},
+    {"table": "Table 2 (GPT-Base)", "method": "vcycle", "flops": 24.1, "wall": 16.5, "metric": "PTB ppl 142.5"},
+    {"table": "Table 2 (GPT-Base)", "method": "stackbert", "flops": None, "wall": None, "metric": "PTB ppl 140.6"},
+    {"table": "Table 2 (GPT-Base)", "method": "ligo", "flops": None, "wall": None, "metric": "PTB ppl 139.7"},
+])
+PAPER_TABLE_EXPERIMENTS = {"Table 1 (BERT-Base)": "bert_mask40_15k", "Table 2 (GPT-Base)": "gpt2_regime"}
 
 # Generated blocks of the README and docs/: <!-- NAME:start --> ... <!-- NAME:end -->, rewritten by
 # `mlresearch table --docs FILE...`; tests/test_docs.py fails when one is stale.
@@ -348,6 +362,62 @@ def paper_style(table: pd.DataFrame) -> pd.DataFrame:
     paper = PAPER.rename(columns={"flops_saving_pct": "FLOPs saving %", "wall_saving_pct": "wall saving %"})
     paper = paper.assign(**{"final metric vs baseline": "preserved (reported)"})
     return pd.concat([ours, paper], ignore_index=True)
+
+
+def paper_tables(runs: pd.DataFrame, headline: dict[str, dict[str, str]] | None = None) -> pd.DataFrame:
+    """The paper's Tables 1 and 2 row by row, each beside what we measured of that method on the study
+    experiment the table is read against (:func:`collect` rows): FLOPs saved at matched loss against
+    the annealed frontier and the loss gap at equal FLOPs, mean ± sd over seeds, and the downstream
+    check; one row per variant we ran (for the V-cycle, only the study's headline ones when
+    ``headline``, :func:`mlresearch.study_runner.headlines`, is given), then the methods we ran that the
+    paper's table has no row for. A reported number is the paper's, against its one baseline at base
+    scale on GPUs; ours are small models on a CPU: side by side for reading, not like for like."""
+    rows = []
+    for name, experiment in PAPER_TABLE_EXPERIMENTS.items():
+        mine_runs = runs[runs.experiment == experiment] if len(runs) else runs
+        if headline is not None and len(mine_runs):
+            keep = (mine_runs.method != "vcycle") | mine_runs.run.isin(list(headline.get(experiment, {})))
+            mine_runs = mine_runs[keep]
+        ours = variants(mine_runs) if len(mine_runs) else pd.DataFrame()
+        reported = PAPER_TABLES[PAPER_TABLES.table == name]
+        ran = set(ours.method) if len(ours) else set()
+        for method in list(reported.method) + sorted(ran - set(reported.method) - {"small"}):
+            paper = reported[reported.method == method]
+            paper = paper.iloc[0] if len(paper) else None
+            cells = {"table": name, "method": title_of(method),
+                     "paper: FLOPs saving %": _reported(paper, "flops"), "paper: wall saving %": _reported(paper, "wall"),
+                     "paper: downstream": _reported(paper, "metric")}
+            mine = ours[ours.method == method] if len(ours) else ours
+            if method == "baseline":
+                rows.append({**cells, "ours": f"{experiment}: the annealed frontier (saving 0 by definition)",
+                             "ours: downstream": _baseline_downstream(ours)})
+            elif not len(mine):
+                rows.append({**cells, "ours": f"{experiment}: not run yet"})
+            for r in mine.itertuples(index=False) if method != "baseline" else ():
+                rows.append({**cells, "ours": f"{experiment}: {variant_name(r)}", "seeds": int(r.seeds),
+                             "ours: FLOPs saved % at matched loss": getattr(r, "saved_pct_cell", "no frontier yet"),
+                             "ours: loss - frontier at equal FLOPs": getattr(r, "loss_gap_cell", "no frontier yet"),
+                             "ours: downstream": _downstream_cell(r)})
+    table = pd.DataFrame(rows)
+    return table.fillna({"seeds": 0}).astype({"seeds": int}).fillna("-") if len(table) else table
+
+
+def _baseline_downstream(ours: pd.DataFrame) -> str:
+    """The baseline's downstream number, read beside the variants with the most seeds."""
+    if not len(ours) or ours.baseline_downstream.isna().all():
+        return "-"
+    best = ours[ours.baseline_downstream.notna()].sort_values("seeds", ascending=False).iloc[0]
+    key, label = task_of(best.task).downstream
+    return f"{label} {best.baseline_downstream:{'.1f' if key == 'perplexity' else '.3f'}} ({int(best.seeds)} seeds)"
+
+
+def _reported(row, key: str) -> str:
+    if row is None:
+        return "no such row"
+    value = row[key]
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "not in our sources"
+    return f"{value:+.1f}" if isinstance(value, float) else str(value)
 
 
 def _downstream_cell(row) -> str:

@@ -79,3 +79,33 @@ def test_every_spread_the_readme_quotes_is_one_the_answer_shows(blocks):
     cells = set(re.findall(r"[+-]?(\d+\.\d+) ± (\d+\.\d+)", blocks["answer"]))
     missing = [f"{m} ± {s}" for m, s in quoted if (m, s) not in cells]
     assert not missing, f"the README quotes {missing}, which the generated answer does not show"
+
+
+def test_the_paper_tables_put_each_reported_row_beside_our_variants_of_that_method():
+    """Every row the paper's Tables 1 and 2 report appears with its reported numbers, and each of our
+    rows beside it carries the saving and seeds that the study table (variants) gives that variant
+    on the experiment the table is read against; the V-cycle shows only its headline variants."""
+    from mlresearch.study import PAPER_TABLE_EXPERIMENTS, PAPER_TABLES, collect, paper_tables, variant_name, variants
+    from mlresearch.study_runner import headlines
+    from mlresearch.training.methods import title_of
+
+    results = REPO / "results"
+    runs, heads = collect(results), headlines(results)
+    table = paper_tables(runs, heads)
+    for r in PAPER_TABLES.itertuples(index=False):
+        mine = table[(table.table == r.table) & (table.method == title_of(r.method))]
+        assert len(mine), (r.table, r.method)
+        shown = mine["paper: FLOPs saving %"].iloc[0]
+        assert shown == ("not in our sources" if r.flops != r.flops else f"{r.flops:+.1f}"), (r.table, r.method)
+    for name, experiment in PAPER_TABLE_EXPERIMENTS.items():
+        ours = variants(runs[runs.experiment == experiment])
+        cells = {f"{experiment}: {variant_name(v)}": (v.saved_pct_cell if hasattr(v, "saved_pct_cell")
+                                                      else "no frontier yet", int(v.seeds))
+                 for v in ours.itertuples(index=False)}
+        shown = table[(table.table == name) & table.seeds.gt(0)]
+        assert len(shown)
+        for row in shown.itertuples(index=False):
+            assert (row[table.columns.get_loc("ours: FLOPs saved % at matched loss")], row.seeds) == cells[row.ours]
+        vcycle = runs[(runs.experiment == experiment) & (runs.method == "vcycle")]
+        headline_vcycles = variants(vcycle[vcycle.run.isin(list(heads.get(experiment, {})))])
+        assert (shown.method == "V-cycle").sum() == len(headline_vcycles)

@@ -60,7 +60,7 @@ def leftovers(run_dir):
 def uninterrupted(tmp_path_factory):
     root = tmp_path_factory.mktemp("uninterrupted")
     for command in ("train", "vcycle", "run --method small", "run --method staged", "run --method bert2bert",
-                    "run --method ki", "run --method ligo"):
+                    "run --method ki", "run --method ligo", "run --method msg"):
         done = cli(*command.split(), SMOKE, "--out", root / command.replace(" ", "_"), *DROPOUT)
         assert done.returncode == 0, done.stderr[-2000:]
     return root
@@ -80,6 +80,7 @@ def uninterrupted(tmp_path_factory):
     ("run --method bert2bert", ["after:stack:1", "step:stage1:6"], "stage1 at step 4"),
     ("run --method ki", ["after:keep_teacher:1", "step:student:6"], "student at step 4"),  # the teacher rebuilt
     ("run --method ligo", ["after:ligo:2"], None),  # the fit replayed from the small model's checkpoint
+    ("run --method msg", ["after:msg_grow:1", "step:stage1:6"], "stage1 at step 4"),  # inside the masks' ramp
 ])
 def test_any_sequence_of_kills_resumes_to_the_uninterrupted_run(tmp_path, uninterrupted, command, faults, resumes_at):
     out, reference = tmp_path / "run", uninterrupted / command.replace(" ", "_")

@@ -470,3 +470,65 @@ def test_ligo_starts_at_fpi_and_stacking_and_its_fit_lowers_the_loss_it_was_fitt
         layers=4, heads=2 * family_of(model).sizes(model).heads, kv_heads=2 * family_of(model).sizes(model).kv_heads,
         hidden=2 * family_of(model).sizes(model).hidden, ffn=2 * family_of(model).sizes(model).ffn)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), randomize(FACTORIES[family](layers=2), 8).parameters()))
+
+
+# ----------------------------------------------------------------------------- MSG
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("width, depth", [(2, 1), (1, 2), (2, 2)])
+def test_msg_keeps_the_function_at_mask_zero_whatever_the_new_weights(family, width, depth):
+    """Masked growth in width, depth or both, on every family (post-norm BERT and OPT's pre-norm
+    alike): with the masks at 0 the grown model's outputs equal the old model's within 1e-5 for two
+    different initialisations of the new weights; without the masks it computes something else; with
+    the masks at 1 it computes what the plain grown model does (so removing them after the ramp
+    changes nothing); the old model is not modified."""
+    from mlresearch.operators.msg import MaskRamp, masked_growth
+
+    model = randomize(FACTORIES[family](layers=2), 3)
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    x = example_input(model)
+    reference = outputs(model, x)
+    ramp = MaskRamp(width, 2, 10)
+    grown_models = [masked_growth(model, width=width, depth=depth, seed=seed)[0].eval() for seed in (1, 2)]
+    assert any(not torch.equal(p, q) for p, q in zip(*(g.parameters() for g in grown_models)))
+    for grown in grown_models:
+        sizes = family_of(grown).sizes(grown)
+        assert (sizes.layers, sizes.hidden) == (2 * depth, family_of(model).sizes(model).hidden * width)
+        plain = outputs(grown, x)
+        with ramp.attach(grown).at(0.0):
+            torch.testing.assert_close(outputs(grown, x), reference, atol=1e-5, rtol=0)
+        assert (plain - reference).abs().max() > 1e-3
+        with ramp.attach(grown).at(1.0):
+            torch.testing.assert_close(outputs(grown, x), plain, atol=1e-5, rtol=0)
+        torch.testing.assert_close(outputs(grown, x), plain, atol=0, rtol=0)  # the hooks are gone
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_msg_keeps_the_old_adam_state_and_starts_the_new_entries_at_zero(family):
+    """The carried AdamW has the old groups and settings; each old parameter's moments sit at its old
+    entries (read back at the positions the weights were written to) with zeros on the new entries
+    and its step kept; the new blocks start without state."""
+    from mlresearch.operators.msg import embed, masked_growth, widening
+
+    model = randomize(FACTORIES[family](layers=2), 4)
+    optimizer = adamw(model)
+    train_steps(model, optimizer, example_input(model))
+    grown, carried = masked_growth(model, optimizer, width=2, depth=2, seed=1)
+    fam = family_of(grown)
+    plan = widening(fam.sizes(model), 2)
+    assert [{k: v for k, v in g.items() if k != "params"} for g in carried.param_groups] == \
+        [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    assert sum(len(g["params"]) for g in carried.param_groups) == len(list(grown.parameters()))
+    old = dict(model.named_parameters())
+    for name, param in grown.named_parameters():
+        where = fam.locate(name, fam.head_tied(grown))
+        if where.layer is not None and where.layer >= 2:
+            assert param not in carried.state, name
+            continue
+        own = optimizer.state[old[name]]
+        values, written = embed(own["exp_avg"], where.roles, plan, param)
+        assert torch.equal(carried.state[param]["exp_avg"], values), name
+        assert not carried.state[param]["exp_avg_sq"][~written].any(), name
+        assert torch.equal(carried.state[param]["exp_avg_sq"][written], own["exp_avg_sq"].reshape(-1)), name
+        assert torch.equal(param.detach()[written], old[name].detach().reshape(-1)), name
+        assert carried.state[param]["step"] == own["step"]

@@ -445,12 +445,40 @@ def test_ligo_fits_its_operator_and_charges_each_fitting_step_as_a_large_trainin
         smoke("gpt2", "ligo.fit_lr=0")
 
 
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_msg_grows_keeping_the_function_and_ramps_its_masks_to_the_plain_model(tmp_path, family):
+    """MSG on the smoke presets (pre-norm GPT-2, post-norm BERT): a half-width, half-depth model for
+    its steps, grown with the validation loss unchanged (masks at 0), the full model trained to
+    train.steps on the one schedule while the masks ramp (steps 1..6 train at 1/6 .. 1, then none),
+    the ledger equal to the plan; impossible ramps and budgets are config errors."""
+    from mlresearch.operators.msg import MaskRamp
+
+    cfg = smoke(family, "model.layers=4", "msg={steps: 4, ramp: 6}")
+    summary = run_method(cfg, "msg", tmp_path / "run")
+    assert [(p["phase"], p["steps"]) for p in summary["phases"]] == [("stage0", 4), ("stage1", 8)]
+    grown = next(r for r in read_metrics(tmp_path / "run") if r.get("event") == "grown")
+    assert grown["op"] == "msg_grow" and abs(grown["val_loss_before"] - grown["val_loss_after"]) <= 1e-6
+    assert summary["flops_total"] == planned_ledger(cfg, "msg")["flops"]
+    model = load_model(tmp_path / "run" / "final_model")
+    assert family_of(model).sizes(model) == model_sizes(cfg)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    phase = next(p for p in build_plan(cfg, "msg") if isinstance(p, Phase) and p.masks)
+    assert phase.masks == MaskRamp(2, 2, 6) and [phase.masks.value(s) for s in (0, 2, 5)] == [1 / 6, 0.5, 1.0]
+    with pytest.raises(ConfigError, match="msg.ramp 9 is longer than the 8 steps after the growth"):
+        build_plan(smoke(family, "msg={steps: 4, ramp: 9}"), "msg")
+    with pytest.raises(ConfigError, match="msg.steps 12 leaves no steps"):
+        build_plan(smoke(family, "msg={steps: 12, ramp: 1}"), "msg")
+    with pytest.raises(ConfigError, match="msg.optimizer must be 'carry' or 'reset'"):
+        smoke(family, "msg={steps: 4, optimizer: keep}")
+
+
 @pytest.mark.parametrize("family", ["bert", "deit", "llama"])
 @pytest.mark.parametrize("method, section", [
     ("stackbert", "stackbert={steps: [4], rewarmup: 2, optimizer: carry}"),
     ("bert2bert", "bert2bert={init: aki, steps: 4, rewarmup: 2, optimizer: carry}"),
     ("ki", "ki={teacher_steps: 4, alpha: 0.5, steps: 6}"),
     ("ligo", "ligo={steps: 4, fit_steps: 3, rewarmup: 2}"),
+    ("msg", "msg={steps: 4, ramp: 4}"),
 ])
 def test_the_comparison_methods_run_on_every_smoke_preset(tmp_path, family, method, section):
     """Each comparison method end to end on the other families' smoke presets (the first test runs

@@ -223,7 +223,8 @@ def train_phase(
     """Train ``model`` for ``phase.steps`` steps; returns the trained model and its optimizer.
     With a ``teacher`` (a phase with ``teacher`` settings) each step whose weight
     (:meth:`Phase.teacher_weight`) is above 0 adds the distillation term and is charged the
-    teacher's forward pass.
+    teacher's forward pass. A phase with ``masks`` trains (and evaluates) under them, each step at
+    its ramp's value, until the ramp ends.
 
     Each step: one optimizer step on the global batch, the ledger charged, then what the step is due
     for: a log row, an evaluation (with the growth trigger, for a phase that has one), a checkpoint
@@ -244,6 +245,7 @@ def train_phase(
         teacher = teacher.to(accelerator.device).eval().requires_grad_(False)
         teacher_flops = eval_flops_per_example(teacher, seq)
     model, optimizer, scheduler, raw, sharded = _distribute(model, optimizer, scheduler, phase, cfg, accelerator)
+    masks = phase.masks.attach(raw) if phase.masks is not None and progress.start < phase.masks.steps else None
     batch, world, device = t.batch_size, accelerator.num_processes, accelerator.device
     micro = _micro_batch(cfg, world)
     peak = peak_flops(device, t.peak_tflops)
@@ -257,6 +259,11 @@ def train_phase(
         done = step + 1  # steps count from 1, as in metrics.jsonl
         idx = batch_indices(len(data.train), batch, ledger.data_step, cfg.seed)[accelerator.process_index::world]
         weight = phase.teacher_weight(step) if teacher is not None else 0.0
+        if masks is not None and step >= phase.masks.steps:
+            masks.remove()  # the ramp is over: the plain model from here on
+            masks = None
+        elif masks is not None:
+            masks.set(phase.masks.value(step))
         total = accumulate(model, data, idx, micro, ledger.data_step, cfg, accelerator, teacher if weight else None, weight)
         first_bad = torch.where((first_bad == 0) & ~torch.isfinite(total), done, first_bad)
         if t.grad_clip:
@@ -298,6 +305,11 @@ def train_phase(
         if fired:
             break
     bar.close()
+    if masks is not None:
+        masks.remove()
+        if step + 1 < phase.masks.steps:  # (a trigger ended the phase inside the ramp)
+            raise ValueError(f"phase {phase.name} ended at step {step + 1}, inside its masks' ramp of "
+                             f"{phase.masks.steps} steps; the model is not whole without them")
     if sharded:  # the phase always ends on a checkpoint step, so the gathered copy is the trained model
         return whole, whole_opt
     return raw, getattr(optimizer, "optimizer", optimizer)

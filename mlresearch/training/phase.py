@@ -29,6 +29,9 @@ class Phase:
     reenter: float | None = None  # start at (where the previous phase ended) / reenter, not at ``start``
     to_end: bool = False  # with ``reenter``: run to the end of the ``horizon``, not ``steps``
     teacher: tuple | None = None  # (alpha, steps, sizes): distil from the plan's teacher (Knowledge Inheritance)
+    masks: Any = None  # masks on a grown model's new structures, ramped over the phase's first steps (MSG):
+    # ``masks.attach(model)`` hooks them in, ``masks.value(step)`` is their value at a 0-based step, and
+    # after ``masks.steps`` steps they are removed (``operators.msg.MaskRamp``)
 
     def teacher_weight(self, step: int) -> float:
         """The distillation term's weight at the phase's 0-based ``step``: ``alpha`` decayed linearly

@@ -18,7 +18,7 @@ what they rebuild (partners, schemes, merged models) is what the killed run had.
 from __future__ import annotations
 
 # The registry: each import adds one method (in the order tables and `mlresearch plan` list them).
-from . import baseline, vcycle, small, staged, stack, stackbert, bert2bert, ki, ligo  # noqa: F401,I001 (this order: the config's sections)
+from . import baseline, vcycle, small, staged, stack, stackbert, bert2bert, ki, ligo, msg  # noqa: F401,I001 (this order: the config's sections)
 from ..phase import Phase
 from .base import METHODS, TRANSITIONS, Method, Plan, State, Step, register, title_of, transition
 from .planning import (H100_BF16_DENSE_TFLOPS, build_plan, check_plan, describe_run, execute, format_cost,

@@ -4,6 +4,7 @@ object the rest of the code knows a method by. The registries live here; the met
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,14 +145,17 @@ def new_model(run, state: State, step: Step) -> None:
     state.model, state.optimizer = run.new_model(step.option("sizes")), None
 
 
-def grow(run, state: State, step: Step, name: str, fn) -> None:
+def grow(run, state: State, step: Step, name: str, fn, under=None) -> None:
     """Grow with ``fn(model, optimizer) -> (model, optimizer)`` (the growth operators map Adam's
     moments and keep the step; G_stack returns no optimizer); log the validation loss before and
-    after (equal for the loss-preserving operators)."""
+    after (equal for the loss-preserving operators), the latter read inside ``under(model)`` if given
+    (a context: MSG's masks at 0)."""
     from ..engine import evaluate
 
     before = evaluate(state.model, run.data, run.cfg)["val_loss"]
     state.model, state.optimizer = run.operator(name, step.level, lambda: fn(state.model, state.optimizer))
     state.model.train()
+    with under(state.model) if under else contextlib.nullcontext():
+        after = evaluate(state.model, run.data, run.cfg)["val_loss"]
     run.log.write({"event": "grown", "op": name, "level": step.level, "val_loss_before": before,
-                   "val_loss_after": evaluate(state.model, run.data, run.cfg)["val_loss"]})
+                   "val_loss_after": after})
