@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .checkpoint import load_model
+from .families import family_of
 from .data import corpora
 from .data.datasets import text_split
 from .data.text import DataError
@@ -142,15 +143,10 @@ def bbc_topic_accuracy(run: str | Path, dc: DownstreamConfig = DownstreamConfig(
 
     x_tr, y_tr = encode(train)
     x_te, y_te = encode(held_out)
-    load_model(model_dir)  # the checked load: config and weights agree, a supported class, no code run
+    family = family_of(load_model(model_dir))  # the checked load: config and weights agree, no code run
     torch.manual_seed(dc.seed)
     transformers.logging.set_verbosity_error()  # the new classifier head's "newly initialized" notice
-    model, info = transformers.BertForSequenceClassification.from_pretrained(
-        str(model_dir), num_labels=5, trust_remote_code=False, output_loading_info=True)
-    fresh = [k for k in info.get("missing_keys") or [] if not k.startswith(("classifier.", "bert.pooler."))]
-    if fresh or info.get("mismatched_keys"):
-        raise DataError(f"{model_dir}: the masked-LM encoder does not fill the classifier's encoder (missing "
-                        f"{sorted(fresh)[:4]}, of another shape {sorted(info.get('mismatched_keys') or [])[:4]})")
+    model = family.load_classifier(model_dir, num_labels=5)
     opt = torch.optim.AdamW(model.parameters(), lr=dc.finetune_lr, weight_decay=0.01)
     decay = dc.finetune_steps - dc.finetune_warmup
     sched = torch.optim.lr_scheduler.LambdaLR(

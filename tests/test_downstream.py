@@ -149,3 +149,29 @@ def test_compare_also_measures_the_accuracy_target(tmp_path):
     c = compare_runs(tmp_path / "b", tmp_path / "v")
     assert not c["reached"] and c["reached_acc"]
     assert c["acc_flops_saving_pct"] == pytest.approx(25.0)  # 0.81 >= 0.8 at 300 vs the baseline's 400
+
+
+def test_the_classifier_is_the_familys_and_must_be_filled_by_the_saved_encoder(tmp_path):
+    """The fine-tuning check loads the family's sequence classifier over the saved encoder: every
+    encoder weight filled (only the head and pooler fresh), one the file lacks is refused by name;
+    a family with no classifier says so."""
+    from safetensors.torch import load_file, save_file
+
+    from mlresearch.errors import CheckpointError, UnsupportedModelError
+    from mlresearch.families import family_of
+    from models import tiny_bert, tiny_gpt2
+
+    bert = tiny_bert(layers=2)
+    family = family_of(bert)
+    family.save(bert, tmp_path / "bert")
+    classifier = family.load_classifier(tmp_path / "bert", num_labels=5)
+    assert torch.equal(classifier.bert.encoder.layer[1].output.dense.weight, bert.bert.encoder.layer[1].output.dense.weight)
+    weights = load_file(tmp_path / "bert" / "model.safetensors")
+    del weights["bert.encoder.layer.1.output.dense.weight"]
+    save_file(weights, tmp_path / "bert" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"does not fill the classifier's encoder \(missing \['bert.encoder.layer.1"):
+        family.load_classifier(tmp_path / "bert", num_labels=5)
+    gpt2 = tiny_gpt2(layers=1)
+    family_of(gpt2).save(gpt2, tmp_path / "gpt2")
+    with pytest.raises(UnsupportedModelError, match="family 'gpt2' has no sequence classifier"):
+        family_of(gpt2).load_classifier(tmp_path / "gpt2", num_labels=5)

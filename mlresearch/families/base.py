@@ -224,6 +224,8 @@ class HFFamily(Family):
                                    "kv_heads": "num_key_value_heads", "hidden": "hidden_size",
                                    "ffn": "intermediate_size", "head_dim": "head_dim"}
     positions_key: str = "max_position_embeddings"  # config attribute: the longest sequence
+    sequence_classifier: str = ""  # the transformers class that fine-tunes its encoder on labels (downstream)
+    classifier_fresh: tuple[str, ...] = ()  # name prefixes of its parameters the saved model does not have
     per_layer_keys: tuple[str, ...] = ("layer_types",)  # config lists with one entry per layer
     task = "causal_lm"
 
@@ -334,6 +336,23 @@ class HFFamily(Family):
     def saved_by(self, config: dict) -> bool:
         archs = config.get("architectures")
         return isinstance(archs, list) and len(archs) == 1 and archs[0] in getattr(self, "classes", ())
+
+    def load_classifier(self, directory, num_labels: int) -> nn.Module:
+        """The saved model's encoder under a fresh ``num_labels``-way classification head (for a
+        downstream fine-tuning check). A classifier parameter the saved model should have filled but
+        did not (missing outside ``classifier_fresh``, or of another shape) is a :class:`CheckpointError`."""
+        import transformers
+
+        if not self.sequence_classifier:
+            raise UnsupportedModelError(f"family {self.name!r} has no sequence classifier for a downstream check")
+        cls = getattr(transformers, self.sequence_classifier)
+        model, info = cls.from_pretrained(str(directory), num_labels=num_labels, trust_remote_code=False,
+                                          output_loading_info=True)
+        unfilled = sorted(k for k in info.get("missing_keys") or [] if not k.startswith(self.classifier_fresh))
+        if unfilled or info.get("mismatched_keys"):
+            raise CheckpointError(f"{directory}: the saved model does not fill the classifier's encoder (missing "
+                                  f"{unfilled[:4]}, of another shape {sorted(info.get('mismatched_keys') or [])[:4]})")
+        return model
 
     def load(self, directory, config: dict) -> nn.Module:
         import transformers

@@ -7,6 +7,8 @@ class BERT(HFFamily):
     name = "bert"
     classes = ("BertForMaskedLM",)
     config_class = "BertConfig"
+    sequence_classifier = "BertForSequenceClassification"
+    classifier_fresh = ("classifier.", "bert.pooler.")  # the head and the pooler BertForMaskedLM has none of
     layers = "bert.encoder.layer"
     residual_writers = r"(attention\.)?output\.dense\.(weight|bias)"
     attention_output = "attention.output.dense"  # its input is the per-head attention output

@@ -63,8 +63,9 @@ def plan(cfg: RunConfig) -> Plan:
 
 def _describe(config: dict) -> dict:
     st = config["stackbert"]
-    return {"levels": len(st["steps"]) + 1, "scheme": f"stack x2 x{len(st['steps'])}", "optimizer": st["optimizer"],
-            "budget": st.get("tag") or "preset"}
+    doublings = len(st["steps"])
+    return {"levels": doublings + 1, "scheme": f"{doublings} doubling" + "s" * (doublings > 1),
+            "optimizer": st["optimizer"], "budget": st.get("tag") or "preset"}
 
 
 def _run_name(cfg: RunConfig) -> str:
