@@ -245,7 +245,10 @@ def _sets(sets: list[str]) -> list[str]:
 class Study:
     """One study spec, run: ``tune()``, then ``all_runs()``, then ``report()``."""
 
-    def __init__(self, path: str | Path, dry_run: bool = False, launch: str | None = None):
+    def __init__(self, path: str | Path, dry_run: bool = False, launch: str | None = None,
+                 root: str | Path | None = None):
+        """``root``: where the spec's runs are (default: the spec's ``root``, relative to the current
+        directory, as ``mlresearch study`` writes them)."""
         from .training.run import runs_root
 
         launch = os.environ.get("MLRESEARCH_LAUNCH", "") if launch is None else launch
@@ -261,7 +264,7 @@ class Study:
             raise StudyError(f"study spec {path}: {e}") from None
         if not self.config.is_file():
             raise StudyError(f"study spec {path}: config {self.config} does not exist")
-        self.root = runs_root(self.spec.get("root")).resolve()
+        self.root = Path(root).resolve() if root is not None else runs_root(self.spec.get("root")).resolve()
         self.experiment = load_config(self.config).experiment
         self.home = self.root / self.experiment
         self.dry_run = dry_run
@@ -615,7 +618,7 @@ def headlines(results: str | Path) -> dict[str, dict[str, str]]:
     for path in sorted((REPO / "experiments" / "studies").glob("*.yaml")):
         root = Path(load_study(path).get("root") or "runs")
         if (root if root.is_absolute() else REPO / root).resolve() == Path(results).resolve():
-            study = Study(path)
+            study = Study(path, root=results)  # (read from any directory: a notebook's is notebooks/)
             out[study.experiment] = study.headline_runs()
     return out
 

@@ -109,3 +109,15 @@ def test_the_paper_tables_put_each_reported_row_beside_our_variants_of_that_meth
         vcycle = runs[(runs.experiment == experiment) & (runs.method == "vcycle")]
         headline_vcycles = variants(vcycle[vcycle.run.isin(list(heads.get(experiment, {})))])
         assert (shown.method == "V-cycle").sum() == len(headline_vcycles)
+
+
+def test_the_headline_rows_do_not_depend_on_the_directory_they_are_read_from(monkeypatch, tmp_path):
+    """A notebook reads the committed results from notebooks/: the best V-cycle (found by reading
+    its candidates' runs) must be labelled there as it is from the repository root."""
+    from mlresearch.study_runner import headlines
+
+    monkeypatch.chdir(REPO)
+    here = headlines(REPO / "results")
+    assert "best by tuning loss" in set(here["gpt2_regime"].values())
+    monkeypatch.chdir(tmp_path)
+    assert headlines(REPO / "results") == here

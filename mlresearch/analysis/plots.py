@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -58,7 +59,7 @@ def save(fig, path: str | Path, close: bool = True) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")  # a legend beside the axes is kept whole
     tmp.replace(path)
     if close:
         plt.close(fig)
@@ -100,8 +101,9 @@ def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str, h
                     yerr=part.method_full_val_loss.std() if len(part) > 1 else None,
                     fmt=METHODS[row.method].marker if row.method in METHODS else "^", color=colours[n % len(colours)],
                     ms=8 if strong else 5, capsize=3, alpha=1.0 if strong else 0.45, zorder=3 if strong else 2,
-                    label=("" if strong or headline is None else "(other) ") +
-                    f"{variant_name(row)} ({tag + '; ' if tag else ''}{len(part)} seed{'s' * (len(part) > 1)})")
+                    label=textwrap.fill(("" if strong or headline is None else "(other) ") +
+                                        f"{variant_name(row)} ({tag + '; ' if tag else ''}{len(part)} "
+                                        f"seed{'s' * (len(part) > 1)})", 70, subsequent_indent="    "))
     ax.set_xscale("log")
     ax.set(xlabel="training FLOPs (log)", ylabel="final validation loss (full split)",
            title=f"{experiment}: end points against the annealed frontiers\n(band: range over seeds; error bars: sd)")
