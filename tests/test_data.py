@@ -282,3 +282,105 @@ def test_a_masked_lm_tokenizer_trained_twice_gives_every_token_the_same_id(tmp_p
     raw.train_from_iterator(docs, vocab_size=400, special_tokens=SPECIAL["masked_lm"], show_progress=False)
     text = " ".join(docs[400:420])
     assert canonical_ids(raw, SPECIAL["masked_lm"]).encode(text).tokens == raw.encode(text).tokens
+
+
+# ----------------------------------------------------------------------------- the fractal image set
+def _radial_profiles(images: np.ndarray) -> np.ndarray:
+    """Rotation- and mirror-invariant shape features (an independent classifier's input): the
+    intensity-weighted histogram of distances from the centre of mass, in units of the spread."""
+    img = np.clip(images.mean(1) / 255 - 0.15, 0, None)
+    side = img.shape[-1]
+    yy, xx = np.mgrid[:side, :side]
+    mass = img.sum((1, 2)) + 1e-6
+    cy, cx = (img * yy).sum((1, 2)) / mass, (img * xx).sum((1, 2)) / mass
+    r = np.sqrt((yy[None] - cy[:, None, None]) ** 2 + (xx[None] - cx[:, None, None]) ** 2)
+    spread = np.sqrt((img * r ** 2).sum((1, 2)) / mass)
+    bins = np.linspace(0, 3, 13)
+    hist = np.stack([np.histogram(r[i] / spread[i], bins, weights=img[i])[0] for i in range(len(img))]) / mass[:, None]
+    return np.concatenate([hist, ((img > 0.1).mean((1, 2)) / (spread / side) ** 2 / 10)[:, None]], 1)
+
+
+def test_the_fractal_set_is_reproducible_balanced_and_read_from_disk(tmp_path):
+    """Two preparations write the same bytes; each class has its images; a stored image is the
+    renderer's for (seed, class, index); another seed gives other systems; the splits a run reads
+    are views of the memory-mapped file, shuffled by the run's seed only."""
+    from mlresearch.data import fractals
+
+    spec = fractals.FractalSet(classes=6, per_class=20, size=24, colour=True)
+    a, b = fractals.prepare(spec, out=tmp_path / "a"), fractals.prepare(spec, num_proc=2, out=tmp_path / "b")
+    assert (a / "images.npy").read_bytes() == (b / "images.npy").read_bytes()
+    images, labels, index = fractals.open_prepared(a)
+    assert isinstance(images, np.memmap) and images.shape == (120, 3, 24, 24) and index["images"] == 120
+    assert np.bincount(labels).tolist() == [20] * 6
+    assert np.array_equal(images[45], fractals.render(fractals.class_system(0, 2), spec, 2, 5))
+    other = fractals.FractalSet(classes=6, per_class=20, size=24, colour=True, seed=1)
+    assert not np.array_equal(fractals.class_system(1, 2), fractals.class_system(0, 2))
+    assert other.fingerprint() != spec.fingerprint()
+    section = {"corpus": "fractals", "classes": 6, "examples": 120, "colour": True, "img_size": 24}
+    data = load_data("image_cls", section, 0)
+    assert isinstance(data.train, fractals.StoredImages) and data.info["classes"] == 6
+    assert sum(data.info["images"]) == 120
+    batch = data.train[np.array([3, 0, 7])]
+    assert batch.dtype == np.float32 and np.array_equal(batch[1], np.asarray(images[data.train.rows[0]], np.float32) / 255)
+    again = load_data("image_cls", section, 1)
+    assert not np.array_equal(again.train.rows, data.train.rows)
+
+
+def test_fractal_classes_are_told_apart_by_their_shape_but_not_by_a_linear_probe_on_pixels():
+    """10 classes, 80 images each: a 1-nearest-neighbour classifier on rotation-invariant radial
+    profiles is far above chance (0.1), a linear probe on the pixels (trained to fit its training
+    images) near it: the classes differ in shape, seen in any pose, which is what a ViT has to learn."""
+    from mlresearch.data import fractals
+
+    images, labels, _ = fractals.open_prepared(fractals.prepare(fractals.FractalSet(classes=10, per_class=80, size=32)))
+    test = np.random.default_rng(0).permutation(len(labels))
+    test, train = test[:160], test[160:]
+    f = _radial_profiles(np.asarray(images, np.float32))
+    f = (f - f[train].mean(0)) / (f[train].std(0) + 1e-6)
+    nearest = labels[train][((f[test][:, None] - f[train][None]) ** 2).sum(-1).argmin(1)]
+    assert (nearest == labels[test]).mean() > 0.6
+    x = torch.tensor(np.asarray(images, np.float32).reshape(len(labels), -1) / 255)
+    y = torch.tensor(labels)
+    torch.manual_seed(0)
+    probe = torch.nn.Linear(x.shape[1], 10)
+    opt = torch.optim.Adam(probe.parameters(), 1e-2)
+    for _ in range(300):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(probe(x[train]), y[train]).backward()
+        opt.step()
+    with torch.no_grad():
+        assert (probe(x[train]).argmax(1) == y[train]).float().mean() > 0.9  # it fits what it saw
+        assert (probe(x[test]).argmax(1) == y[test]).float().mean() < 0.35
+
+
+def test_fractal_settings_are_refused_in_one_line_before_anything_is_written(tmp_path):
+    from mlresearch.data import fractals
+    from mlresearch.data.text import DataError
+    from mlresearch.training.config import ConfigError
+
+    with pytest.raises(DataError, match=r"^fractals: classes must be a whole number >= 2, got 1$"):
+        fractals.prepare(fractals.FractalSet(classes=1), out=tmp_path / "x")
+    with pytest.raises(DataError, match=r"^fractals: size must be a whole number >= 8, got 4$"):
+        fractals.prepare(fractals.FractalSet(size=4), out=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(DataError, match="data.examples 20 gives fewer than 3 images to each of data.classes 10"):
+        load_data("image_cls", {"corpus": "fractals", "classes": 10, "examples": 20}, 0)
+    with pytest.raises(ConfigError, match="data.colour must be true or false, got 3"):
+        smoke("deit", "data.colour=3")
+
+
+def test_a_killed_fractal_preparation_leaves_nothing_that_looks_finished(tmp_path):
+    """Killed after its first block of images: no prepared directory (only its temporary sibling,
+    which the next preparation replaces); the next preparation writes what an uninterrupted one does."""
+    from mlresearch.data import fractals
+
+    spec = fractals.FractalSet(classes=4, per_class=40, size=16)
+    out = tmp_path / "set"
+    code = ("from mlresearch.data import fractals; "
+            f"fractals.prepare(fractals.FractalSet(classes=4, per_class=40, size=16), out={str(out)!r})")
+    killed = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MLRESEARCH_FAULT": "fractals:*"},
+                            cwd=REPO, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not out.exists() and [p.name.startswith(".set.tmp-") for p in tmp_path.iterdir()] == [True]
+    fractals.prepare(spec, out=out)
+    assert (out / "images.npy").read_bytes() == (fractals.prepare(spec, out=tmp_path / "clean") / "images.npy").read_bytes()

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import corpora, glyphs
+from . import corpora, fractals, glyphs
 from .prepare import data_fingerprint, document_dataset, is_prepared, open_prepared, prepare_text, prepared_dir
 from .text import DataError, named_documents, special_ids, split_indices, text_fractions, text_tokenizer
 
@@ -157,18 +157,37 @@ def load_image_folder(cfg: dict, seed: int, size: int) -> Data:
 
 @dataclass(frozen=True)
 class ImageCorpus:
-    """A built-in image set: ``load`` maps the data section to (images float32 [n, 1, 28, 28], labels
-    int64 [n]); ``sized`` says whether ``data.examples`` chooses how many it makes (a generated set)
-    or the set has a fixed size; ``source`` is the name runs record in their data info."""
-    source: str
-    load: Callable[[dict], tuple[np.ndarray, np.ndarray]]
+    """A built-in image set: ``load(data section, image side)`` gives (images float32 [n, C, S, S]
+    in memory, or a prepared set's uint8 memory map, read through :class:`fractals.StoredImages`;
+    labels int64 [n]; what the runs' data info records of it, its ``source`` name at least);
+    ``sized`` says whether ``data.examples`` chooses how many it makes (a generated set) or the set
+    has a fixed size."""
+    load: Callable[[dict, int], tuple[np.ndarray, np.ndarray, dict]]
     sized: bool = False
 
 
+def fractal_set(cfg: dict, size: int) -> fractals.FractalSet:
+    """The fractal set a data section asks for: ``data.classes`` (default 100) systems,
+    ``data.examples`` images in all (default 100 a class), ``data.img_size`` pixels, ``data.colour``."""
+    classes = int(cfg.get("classes") or 100)
+    examples = int(cfg.get("examples") or 100 * classes)
+    if examples < 3 * classes:
+        raise DataError(f"data.examples {examples} gives fewer than 3 images to each of data.classes {classes}")
+    return fractals.FractalSet(classes=classes, per_class=examples // classes, size=size,
+                               colour=bool(cfg.get("colour")))
+
+
+def _fractals(cfg: dict, size: int):
+    spec = fractal_set(cfg, size)
+    images, labels, _ = fractals.open_prepared(fractals.prepare(spec, int(cfg.get("num_proc") or 1)))
+    return images, labels, {"source": f"fractals:{spec.fingerprint()}", "classes": spec.classes}
+
+
 IMAGE_CORPORA = {
-    "mnist": ImageCorpus("mnist5k", lambda cfg: corpora.mnist5k()),
-    "glyphs": ImageCorpus("glyphs", lambda cfg: glyphs.glyphs(int(cfg.get("examples") or glyphs.DEFAULT_IMAGES)),
-                          sized=True),
+    "mnist": ImageCorpus(lambda cfg, size: (*corpora.mnist5k(), {"source": "mnist5k"})),
+    "glyphs": ImageCorpus(lambda cfg, size: (*glyphs.glyphs(int(cfg.get("examples") or glyphs.DEFAULT_IMAGES)),
+                                             {"source": "glyphs"}), sized=True),
+    "fractals": ImageCorpus(_fractals, sized=True),
 }
 
 
@@ -183,14 +202,14 @@ def load_images(cfg: dict, seed: int, size: int = 28) -> Data:
     if cfg.get("examples") and not entry.sized:
         generated = ", ".join(name for name, c in IMAGE_CORPORA.items() if c.sized)
         raise DataError(f"data.examples sizes a generated corpus ({generated}); {corpus} has a fixed size")
-    x, y = entry.load(cfg)
+    x, y, about = entry.load(cfg, size)
     train_i, val_i, test_i, tune_i = split_indices(len(x), seed, float(cfg.get("val_fraction", 0.1)),
                                                    float(cfg.get("test_fraction", 0.1)),
                                                    float(cfg.get("tune_fraction") or 0.0))
-    info = {"source": entry.source,
-            "images": [len(train_i), len(val_i), len(test_i)] + ([len(tune_i)] if len(tune_i) else [])}
-    return Data("image_cls", x[train_i], x[val_i], x[test_i], y[train_i], y[val_i], y[test_i], info=info,
-                tune=x[tune_i] if len(tune_i) else None, tune_labels=y[tune_i] if len(tune_i) else None)
+    info = {**about, "images": [len(train_i), len(val_i), len(test_i)] + ([len(tune_i)] if len(tune_i) else [])}
+    split = (lambda rows: fractals.StoredImages(x, rows)) if isinstance(x, np.memmap) else (lambda rows: x[rows])
+    return Data("image_cls", split(train_i), split(val_i), split(test_i), y[train_i], y[val_i], y[test_i], info=info,
+                tune=split(tune_i) if len(tune_i) else None, tune_labels=y[tune_i] if len(tune_i) else None)
 
 
 def load_data(task: str, cfg: dict, seed: int) -> Data:

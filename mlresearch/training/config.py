@@ -77,7 +77,9 @@ class DataConfig:
     prepared_dir: str | None = None  # text: where `mlresearch data prepare` wrote the token files (default: cache)
     num_proc: int = 1  # text: tokenizing processes when a run prepares its data itself
     mask_prob: float = 0.15  # masked LM: the fraction of tokens chosen for prediction (BERT's 0.15)
-    examples: int | None = None  # a generated corpus (glyphs): how many images it makes (default 50,000)
+    examples: int | None = None  # a generated corpus: how many images it makes (glyphs: 50,000; fractals: 100 a class)
+    classes: int | None = None  # fractals: how many classes (iterated function systems; default 100)
+    colour: bool = False  # fractals: RGB images of a random hue (default grey)
 
     def validate(self, cfg: "RunConfig") -> None:
         """Also reads the task (does it train on sequences?) and the model's position and vocabulary options."""
@@ -96,7 +98,9 @@ class DataConfig:
         number(d.mask_prob, "data.mask_prob", 0, 1, low_open=True, high_open=True)
         if d.prepared_dir is not None and not isinstance(d.prepared_dir, str):
             raise ConfigError(f"data.prepared_dir must be a path, got {d.prepared_dir!r}")
-        for name in ("max_documents", "img_size", "examples"):
+        if not isinstance(d.colour, bool):
+            raise ConfigError(f"data.colour must be true or false, got {d.colour!r}")
+        for name in ("max_documents", "img_size", "examples", "classes"):
             if getattr(d, name) is not None:
                 positive(getattr(d, name), f"data.{name}")
         if _TASKS[cfg.task].sequences:
