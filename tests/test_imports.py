@@ -94,3 +94,23 @@ def test_no_private_name_is_imported_from_another_module():
     private = [(name, target, n) for name, path in mods.items() for target, names in imports(name, path, known)
                for n in names if n.startswith("_") and not n.startswith("__") and target != name]
     assert not private, f"private names used across modules: {private}"
+
+
+def test_transitions_use_only_the_run_context_they_declare():
+    """A method file reaches the run only through ``methods.base.Context`` (config, data, log, a new
+    model, the operator wrapper, ``charge`` for the ledger, ``keep`` for a saved model): no method
+    writes the ledger or the checkpoint folder itself. The runner (planning.py) is the one exception."""
+    from mlresearch.training.methods.base import Context
+    from mlresearch.training.run import Run
+
+    declared = {n for n in vars(Context) if not n.startswith("_")} | set(Context.__annotations__)
+    methods = Path(__file__).resolve().parent.parent / "mlresearch" / "training" / "methods"
+    used = {}
+    for path in sorted(methods.glob("*.py")):
+        if path.name == "planning.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "run":
+                used.setdefault(node.attr, set()).add(path.name)
+    assert used and set(used) <= declared, {a: sorted(f) for a, f in used.items() if a not in declared}
+    assert all(hasattr(Run, name) for name in declared - set(Context.__annotations__))  # Run provides the methods

@@ -377,6 +377,18 @@ def _log_trigger(phase: Phase, row: dict, done: int, log: MetricsLog, accelerato
                    f"{row['loglog_slope']:.4f} after its steepest point, threshold {phase.trigger})", file=sys.stderr)
 
 
+def restore_run_state(ckpt: Path, ledger: Ledger, log: MetricsLog) -> dict:
+    """The one place a resumed run takes back what a phase's checkpoint saved of the run: the RNG
+    (the next draws are the killed run's), the ledger, and the metrics log's position; returns the
+    checkpoint's state (its optimizer, scheduler, step and trigger curve, for the phase to restore)."""
+    state = load_state(ckpt)
+    set_rng_state(state["rng"])
+    for k, v in state["ledger"].items():
+        setattr(ledger, k, v)
+    log.resume_at(state["log_rows"])
+    return state
+
+
 class Progress:
     """Where a phase stands: the step it starts from, the (FLOPs, validation loss) points its growth
     trigger has seen, its last good checkpoint; restored from, and written to, its checkpoint."""
@@ -386,16 +398,12 @@ class Progress:
         self.last_good = "none (no checkpoint of this phase yet)"
 
     def restore(self, model, optimizer, scheduler, ledger: Ledger, log: MetricsLog) -> None:
-        state = load_state(self.ckpt)
+        state = restore_run_state(self.ckpt, ledger, log)
         model.load_state_dict(load_model(self.ckpt / "model").state_dict())
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict({"lr_lambdas": [None] * len(optimizer.param_groups), **state["scheduler"]})
-        set_rng_state(state["rng"])
         self.start = state["step"]
         self.curve = [list(p) for p in state.get("curve", [])]
-        for k, v in state["ledger"].items():
-            setattr(ledger, k, v)
-        log.resume_at(state["log_rows"])
         self.last_good = f"{self.ckpt} (step {self.start})"
 
     def trigger(self, phase: Phase, ledger: Ledger, row: dict, done: int) -> bool:

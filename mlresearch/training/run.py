@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import yaml
 
-from ..checkpoint import (atomic_write_text, load_model, load_state, read_structured, recover_tree, save_model,
+from ..checkpoint import (atomic_write_text, load_model, read_structured, recover_tree, save_model,
                           state_exists, state_value)
 from ..errors import MLResearchError
 from ..faults import fault_point
@@ -26,8 +26,7 @@ from ..overwrite import RUN, check_is_run, check_overwrite, check_writable_path
 from ..data.datasets import load_data
 from ..results import provenance, write_json
 from .config import SETTINGS, ConfigError, RunConfig, default_value, flatten_config
-from .engine import (Ledger, MetricsLog, evaluate, new_optimizer, phase_done, set_rng_state,
-                     train_phase)
+from .engine import Ledger, MetricsLog, evaluate, new_optimizer, phase_done, restore_run_state, train_phase
 from .methods import METHODS, build_plan, check_plan, execute
 from .phase import Phase
 from .models import build_model, check_model_fits_data, data_settings, parameter_counts
@@ -169,16 +168,12 @@ class Run:
 
     def train(self, model, optimizer, phase: Phase, teacher=None):
         start = dict(flops=self.ledger.flops, wall=self.ledger.wall, examples=self.ledger.examples)
-        if self.resume and phase_done(self.ckpt, phase):
-            state = load_state(self.ckpt / phase.name)
-            set_rng_state(state["rng"])  # as the phase left it: the next phase draws the same dropout masks
-            for k, v in state["ledger"].items():
-                setattr(self.ledger, k, v)
+        if self.resume and phase_done(self.ckpt, phase):  # as the phase left it: the next one draws the same masks
+            state = restore_run_state(self.ckpt / phase.name, self.ledger, self.log)
             trained = load_model(self.ckpt / phase.name / "model")
             trained.train()
             opt = new_optimizer(trained, self.cfg, phase.lr)  # the next transition keeps or drops it
             opt.load_state_dict(state["optimizer"])
-            self.log.resume_at(state["log_rows"])
             model, optimizer = trained, opt
         else:
             model, optimizer = train_phase(model, optimizer, phase, self.data, self.cfg, self.accelerator, self.log,
@@ -200,6 +195,24 @@ class Run:
         return [{k: v for k, v in make_batch(self.data, "val", np.arange(i * b, min((i + 1) * b, total)),
                                              10**9 + i, self.cfg.seed).items() if k != "labels"}
                 for i in range(min(n, max(1, total // b)))]
+
+    @property
+    def data_step(self) -> int:
+        """The training stream's next step: the batch the next phase (or a transition's own use of
+        training batches) draws first."""
+        return self.ledger.data_step
+
+    def charge(self, flops: float = 0.0, wall: float = 0.0, data_steps: int = 0) -> None:
+        """Count what a transition spent outside the phases (forward passes that choose something,
+        a fitted operator's steps) and the training batches it consumed."""
+        self.ledger.flops += flops
+        self.ledger.wall += wall
+        self.ledger.data_step += data_steps
+
+    def keep(self, model, name: str) -> None:
+        """Save ``model`` beside the checkpoints as ``name`` (the main process writes it)."""
+        if self.accelerator.is_main_process:
+            save_model(model, self.ckpt / name, overwrite=True)
 
     def operator(self, name: str, level: int, fn):
         """Run an operator and record its wall time (its FLOPs are negligible: one pass over the parameters)."""

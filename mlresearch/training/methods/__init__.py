@@ -20,11 +20,11 @@ from __future__ import annotations
 # The registry: each import adds one method (in the order tables and `mlresearch plan` list them).
 from . import baseline, vcycle, small, staged, stack, stackbert, bert2bert, ki, ligo, msg  # noqa: F401,I001 (this order: the config's sections)
 from ..phase import Phase
-from .base import METHODS, TRANSITIONS, Method, Plan, State, Step, register, title_of, transition
+from .base import METHODS, TRANSITIONS, Context, Method, Plan, State, Step, register, title_of, transition
 from .planning import (H100_BF16_DENSE_TFLOPS, build_plan, check_plan, describe_run, execute, format_cost,
                        format_plan, methods_markdown, planned_ledger)
 
-__all__ = ["H100_BF16_DENSE_TFLOPS", "METHODS", "TRANSITIONS", "Method", "Phase", "Plan", "State", "Step", "build_plan",
+__all__ = ["H100_BF16_DENSE_TFLOPS", "METHODS", "TRANSITIONS", "Context", "Method", "Phase", "Plan", "State", "Step", "build_plan",
            "check_plan",
            "describe_run", "execute", "format_cost", "format_plan", "methods_markdown", "planned_ledger", "register", "title_of",
            "transition"]

@@ -8,7 +8,7 @@ import contextlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -45,6 +45,29 @@ class State:
     schemes: dict[int, Any] = field(default_factory=dict)  # the scheme that coalesced level k
     position: int = 0  # where in its LR schedule the last phase ended
     teacher: torch.nn.Module | None = None  # a trained model later phases distil from (Knowledge Inheritance)
+
+
+class Context(Protocol):
+    """What a transition may use of the run it is part of (``training.run.Run`` provides it): the
+    config and the data, the metrics log, a fresh model, the operator wrapper (times it, logs it, a
+    fault point after it), the ledger through :meth:`charge` alone, and a place to keep a model."""
+
+    cfg: RunConfig
+    data: Any
+    log: Any
+
+    @property
+    def data_step(self) -> int: ...
+
+    def new_model(self, sizes=None) -> torch.nn.Module: ...
+
+    def operator(self, name: str, level: int, fn: Callable) -> Any: ...
+
+    def charge(self, flops: float = 0.0, wall: float = 0.0, data_steps: int = 0) -> None: ...
+
+    def keep(self, model: torch.nn.Module, name: str) -> None: ...
+
+    def probe_batches(self, n: int = 2) -> list[dict]: ...
 
 
 def _no_columns(config: dict) -> dict:
@@ -102,7 +125,7 @@ def title_of(name: str) -> str:
 
 
 def transition(name: str, cost: Callable | None = None, check: Callable | None = None):
-    """Register ``fn(run, state, step)`` as transition ``name``. ``cost(cfg, step, model)``: the
+    """Register ``fn(run, state, step)`` as transition ``name`` (``run``: the :class:`Context`). ``cost(cfg, step, model)``: the
     FLOPs and examples it spends (forward passes that choose something), which the plan counts and
     the ledger is charged; ``check(cfg, step, data)``: raises before anything is written if the
     data cannot serve it."""
@@ -140,12 +163,12 @@ def name_part(text: str) -> str:
 
 # ----------------------------------------------------------------------------- transitions every method may use
 @transition("new_model")
-def new_model(run, state: State, step: Step) -> None:
+def new_model(run: Context, state: State, step: Step) -> None:
     """A freshly initialised model of the ``sizes`` the step gives (default: the config's)."""
     state.model, state.optimizer = run.new_model(step.option("sizes")), None
 
 
-def grow(run, state: State, step: Step, name: str, fn, under=None) -> None:
+def grow(run: Context, state: State, step: Step, name: str, fn, under=None) -> None:
     """Grow with ``fn(model, optimizer) -> (model, optimizer)`` (the growth operators map Adam's
     moments and keep the step; G_stack returns no optimizer); log the validation loss before and
     after (equal for the loss-preserving operators), the latter read inside ``under(model)`` if given

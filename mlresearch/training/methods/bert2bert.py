@@ -22,7 +22,7 @@ from ...operators import grow_width
 from ..config import ConfigError, MethodSettings, RunConfig, method_settings, positive, tag
 from ..models import model_sizes
 from ..phase import Phase
-from .base import Method, Plan, State, Step, grow, register, shrunk, transition
+from .base import Context, Method, Plan, State, Step, grow, register, shrunk, transition
 
 INITS = {"fpi": "split", "aki": "aki"}  # bert2bert.init -> the width operator's init
 
@@ -56,7 +56,7 @@ class Bert2BertSettings(MethodSettings):
 
 
 @transition("expand_width")
-def expand_width(run, state: State, step: Step) -> None:
+def expand_width(run: Context, state: State, step: Step) -> None:
     """Widen by ``factor`` with bert2BERT's FPI or AKI; Adam's state mapped along with ``carry``."""
     factor, init, carry = step.option("factor"), INITS[step.option("init")], step.option("carry")
     # grow_width maps the optimizer it is given and returns None for None: a reset drops it

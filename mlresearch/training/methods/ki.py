@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..config import ConfigError, MethodSettings, RunConfig, method_settings, number, positive, tag
 from ..models import model_sizes
 from ..phase import Phase
-from .base import Method, Plan, State, Step, register, shrunk, transition
+from .base import Context, Method, Plan, State, Step, register, shrunk, transition
 
 
 @method_settings("ki")
@@ -41,7 +41,7 @@ class KISettings(MethodSettings):
 
 
 @transition("keep_teacher")
-def keep_teacher(run, state: State, step: Step) -> None:
+def keep_teacher(run: Context, state: State, step: Step) -> None:
     """The trained model becomes the teacher (no gradients, evaluation mode); the next model starts afresh."""
     state.teacher = run.operator("keep_teacher", step.level, lambda: state.model.eval().requires_grad_(False))
     state.model, state.optimizer = None, None

@@ -20,7 +20,7 @@ from ..config import ConfigError, MethodSettings, RunConfig, method_settings, nu
 from ..flops import train_flops_per_example
 from ..models import model_sizes
 from ..phase import Phase
-from .base import Method, Plan, State, Step, grow, register, shrunk, transition
+from .base import Context, Method, Plan, State, Step, grow, register, shrunk, transition
 
 
 @method_settings("ligo")
@@ -55,13 +55,13 @@ def fit_cost(cfg: RunConfig, step: Step, model) -> tuple[float, int]:
 
 
 @transition("ligo", cost=fit_cost)
-def ligo_step(run, state: State, step: Step) -> None:
+def ligo_step(run: Context, state: State, step: Step) -> None:
     """Fit the growth operator on training batches, charge it, and continue with the large model."""
     cfg, data, fit_steps = run.cfg, run.data, step.option("fit_steps")
 
     def grow_with_ligo(model, optimizer):
         operator = LinearGrowth(model, step.option("width"), step.option("depth"))
-        device, start, b = next(model.parameters()).device, run.ledger.data_step, cfg.train.batch_size
+        device, start, b = next(model.parameters()).device, run.data_step, cfg.train.batch_size
         operator.to(device)
 
         def batch(i):  # the training stream's next batches, as the next phase would have drawn them
@@ -71,8 +71,7 @@ def ligo_step(run, state: State, step: Step) -> None:
         losses = fit(operator, lambda op, inputs: task_of(data.task).loss(op, inputs)[0],
                      (batch(i) for i in range(fit_steps)), step.option("lr"))
         flops, examples = fit_cost(cfg, step, operator.skeleton)
-        run.ledger.flops += flops
-        run.ledger.data_step += fit_steps
+        run.charge(flops=flops, data_steps=fit_steps)
         run.log.write({"event": "ligo_fit", "level": step.level, "steps": fit_steps, "examples": examples,
                        "flops": flops, "loss_first": losses[0], "loss_last": losses[-1]})
         return operator.materialise(), None

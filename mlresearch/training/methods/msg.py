@@ -28,7 +28,7 @@ from ..config import (
 )
 from ..models import model_sizes
 from ..phase import Phase
-from .base import Method, Plan, State, Step, grow, register, shrunk, transition
+from .base import Context, Method, Plan, State, Step, grow, register, shrunk, transition
 
 
 @method_settings("msg")
@@ -59,7 +59,7 @@ class MSGSettings(MethodSettings):
 
 
 @transition("msg_grow")
-def msg_grow(run, state: State, step: Step) -> None:
+def msg_grow(run: Context, state: State, step: Step) -> None:
     """Grow with every new structure masked; the validation loss after is read with the masks at 0."""
     width, depth, carry = step.option("width"), step.option("depth"), step.option("carry")
     ramp = MaskRamp(width, family_of(state.model).sizes(state.model).layers, step.option("ramp"))

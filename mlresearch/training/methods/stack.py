@@ -10,7 +10,7 @@ from ...operators import stack_layers, stack_layers_state
 from ..config import ConfigError, MethodSettings, RunConfig, method_settings, positive, tag
 from ..models import model_sizes
 from ..phase import Phase
-from .base import Method, Plan, State, Step, grow, register, transition
+from .base import Context, Method, Plan, State, Step, grow, register, transition
 
 
 @method_settings("stack")
@@ -33,7 +33,7 @@ class StackSettings(MethodSettings):
 
 
 @transition("stack")
-def stack_step(run, state: State, step: Step) -> None:
+def stack_step(run: Context, state: State, step: Step) -> None:
     """Copy the whole layer stack ``factor`` times; the optimizer starts afresh, or with ``carry``
     each copied layer takes its source layer's Adam state (progressive stacking that keeps it)."""
     factor = step.option("factor")

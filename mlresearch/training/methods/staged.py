@@ -14,7 +14,7 @@ from ..models import model_sizes
 from ..schedules import CONSTANT_OP
 from ..trigger import THRESHOLDS
 from ..phase import Phase
-from .base import Method, Plan, State, Step, grow, register, transition
+from .base import Context, Method, Plan, State, Step, grow, register, transition
 
 
 @method_settings("staged")
@@ -93,13 +93,13 @@ def staged_schedule(cfg: RunConfig) -> list[tuple[int, int]]:
 
 
 @transition("grow_width")
-def grow_width_step(run, state: State, step: Step) -> None:
+def grow_width_step(run: Context, state: State, step: Step) -> None:
     """Width x2 the staged-training way (block-diagonal matrices; function kept)."""
     grow(run, state, step, "grow_width", lambda m, o: grow_width(m, o))
 
 
 @transition("grow_depth")
-def grow_depth_step(run, state: State, step: Step) -> None:
+def grow_depth_step(run: Context, state: State, step: Step) -> None:
     """Depth x2 with identity blocks (zero residual writers; function kept in pre-norm blocks)."""
     grow(run, state, step, "grow_depth", lambda m, o: grow_depth(m, o, where=step.option("where", "alternate")))
 

@@ -19,7 +19,7 @@ from ...tasks import task_of
 from ..config import ConfigError, MethodSettings, RunConfig, method_settings, number, positive, tag
 from ..models import model_sizes
 from ..phase import Phase
-from .base import Method, Plan, State, Step, name_part, register, transition
+from .base import Context, Method, Plan, State, Step, name_part, register, transition
 
 
 @method_settings("vcycle")
@@ -184,19 +184,18 @@ def _check_external_partner(cfg: RunConfig, step: Step, data) -> None:
 
 
 @transition("keep_partner", check=_check_external_partner)
-def keep_partner(run, state: State, step: Step) -> None:
+def keep_partner(run: Context, state: State, step: Step) -> None:
     """Keep M_k as it is now: the interpolation partner when the cycle comes back up (at level 1
     with ``vcycle.partner``: that saved model instead, the public example script's leak)."""
-    from ...checkpoint import load_model, save_model
+    from ...checkpoint import load_model
 
     external = step.option("external", "")
     state.partners[step.level] = load_model(external) if external else copy.deepcopy(state.model)
-    if run.accelerator.is_main_process:
-        save_model(state.partners[step.level], run.ckpt / f"partner{step.level}", overwrite=True)
+    run.keep(state.partners[step.level], f"partner{step.level}")
 
 
 @transition("choose_scheme")
-def choose_scheme(run, state: State, step: Step) -> None:
+def choose_scheme(run: Context, state: State, step: Step) -> None:
     """The scheme that coalesces this level (measured on fixed validation batches for ``similarity``)."""
     if run.cfg.vcycle.scheme == "similarity":
         state.schemes[step.level] = scheme_for(run.cfg, state.model, batches=run.probe_batches())
@@ -205,7 +204,7 @@ def choose_scheme(run, state: State, step: Step) -> None:
         state.schemes[step.level] = scheme_for(run.cfg, state.model)
 
 
-def _map(run, state: State, step: Step, name: str, plain, with_optimizer) -> None:
+def _map(run: Context, state: State, step: Step, name: str, plain, with_optimizer) -> None:
     """Apply ``plain(model, scheme)``, or with ``carry`` ``with_optimizer(model, optimizer, scheme)``
     (Adam's moments mapped along); without ``carry`` the optimizer is dropped (a fresh one follows)."""
     scheme = state.schemes[step.level]
@@ -218,13 +217,13 @@ def _map(run, state: State, step: Step, name: str, plain, with_optimizer) -> Non
 
 
 @transition("coalesce")
-def coalesce_step(run, state: State, step: Step) -> None:
+def coalesce_step(run: Context, state: State, step: Step) -> None:
     """Coalesce with the level's scheme."""
     _map(run, state, step, "coalesce", coalesce, coalesce_state)
 
 
 @transition("decoalesce")
-def decoalesce_step(run, state: State, step: Step) -> None:
+def decoalesce_step(run: Context, state: State, step: Step) -> None:
     """De-coalesce with the level's scheme: ``path`` copy (the paper: layers copied) or identity (new
     layers start as identity blocks, so a pre-norm model computes what the small one did);
     ``tie_break`` > 0 adds that much noise (x each tensor's std) to break the duplicated units."""
@@ -243,7 +242,7 @@ def decoalesce_step(run, state: State, step: Step) -> None:
 
 
 @transition("measure_symmetry")
-def measure_symmetry(run, state: State, step: Step) -> None:
+def measure_symmetry(run: Context, state: State, step: Step) -> None:
     """How far the model is from one whose width-duplicated units are equal: the largest entry of
     ``m - decoalesce(coalesce(m))`` under the level's width scheme, relative to the largest entry of
     ``m`` (0 right after plain de-coalescing; it grows only if something breaks the tie)."""
@@ -282,7 +281,7 @@ def merge_check(cfg: RunConfig, step: Step, data) -> None:
                               "or lower vcycle.search_batches")
 
 
-def search_alpha(run, partner, big, step: Step) -> float:
+def search_alpha(run: Context, partner, big, step: Step) -> float:
     """The alpha of ``step``'s grid whose merge scores the lowest loss on the tuning batches (held
     out of training and of the validation split that defines the target); the grid, the choice and
     its cost are logged and charged to the ledger."""
@@ -297,19 +296,17 @@ def search_alpha(run, partner, big, step: Step) -> float:
     choice = grid[min(range(len(grid)), key=scores.__getitem__)]  # the first of equal scores
     seconds = time.perf_counter() - tick
     flops, examples = merge_cost(run.cfg, step, big)  # merge_check made sure the tuning split has them all
-    run.ledger.flops += flops
-    run.ledger.wall += seconds
+    run.charge(flops=flops, wall=seconds)
     run.log.write({"event": "alpha_search", "level": k, "grid": [[float(a), s] for a, s in zip(grid, scores)],
                    "alpha": float(choice), "examples": examples, "flops": flops, "seconds": seconds})
     return float(choice)
 
 
 @transition("merge", cost=merge_cost, check=merge_check)
-def merge(run, state: State, step: Step) -> None:
+def merge(run: Context, state: State, step: Step) -> None:
     """Interpolate the partner with the de-coalesced model: ``(1-alpha) partner + alpha model``,
     adaptive (norms matched, then 0.5/0.5), or ``search`` (the grid's best on the tuning split);
     logs what each ingredient scores on validation."""
-    from ...checkpoint import save_model
     from ..engine import evaluate
 
     alpha, cfg, k = step.option("alpha"), run.cfg, step.level
@@ -332,8 +329,7 @@ def merge(run, state: State, step: Step) -> None:
     if state.optimizer is not None:  # carried moments belong to `big`; move them onto `merged` by name
         state.optimizer = _rebind(state.optimizer, big, merged)
     merged.train()
-    if run.accelerator.is_main_process:
-        save_model(merged, run.ckpt / f"merged{k}", overwrite=True)
+    run.keep(merged, f"merged{k}")
     state.model = merged
 
 
