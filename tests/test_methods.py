@@ -468,7 +468,7 @@ def test_msg_grows_keeping_the_function_and_ramps_its_masks_to_the_plain_model(t
         build_plan(smoke(family, "msg={steps: 4, ramp: 9}"), "msg")
     with pytest.raises(ConfigError, match="msg.steps 12 leaves no steps"):
         build_plan(smoke(family, "msg={steps: 12, ramp: 1}"), "msg")
-    with pytest.raises(ConfigError, match="msg.optimizer must be 'carry' or 'reset'"):
+    with pytest.raises(ConfigError, match="msg.optimizer must be 'reset' or 'carry'"):
         smoke(family, "msg={steps: 4, optimizer: keep}")
 
 

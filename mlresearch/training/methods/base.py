@@ -139,6 +139,23 @@ def transition(name: str, cost: Callable | None = None, check: Callable | None =
     return register_fn
 
 
+def check_small_then_grown(section: str, settings) -> None:
+    """The settings every method that trains a small model for ``steps`` and then grows it ``width``
+    times wider and ``depth`` times deeper shares (bert2BERT, LiGO, MSG): positive whole numbers,
+    something to grow, a re-warm-up of 0 or more, a tag fit for a directory name, and (where the
+    method has one) ``optimizer`` reset or carry. Shapes and budgets are checked when the plan is built."""
+    from ..config import ConfigError, positive, tag
+
+    for key in ("steps", "width", "depth"):
+        positive(getattr(settings, key), f"{section}.{key}")
+    if settings.width == 1 and settings.depth == 1:
+        raise ConfigError(f"{section}: width 1 and depth 1 grow nothing; make one of them >= 2")
+    positive(settings.rewarmup, f"{section}.rewarmup", zero_ok=True)
+    if getattr(settings, "optimizer", "reset") not in ("reset", "carry"):
+        raise ConfigError(f"{section}.optimizer must be 'reset' or 'carry', got {settings.optimizer!r}")
+    tag(settings.tag, f"{section}.tag")
+
+
 def shrunk(full, width: int, depth: int, method: str):
     """The model of 1/width of ``full``'s heads, KV heads, hidden and FFN units and 1/depth of its
     layers (the small shape of bert2BERT, KI and LiGO; the V-cycle's halving one for 2 and 2)."""

@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...operators import grow_width
-from ..config import ConfigError, MethodSettings, RunConfig, method_settings, positive, tag
+from ..config import ConfigError, MethodSettings, RunConfig, method_settings
 from ..models import model_sizes
 from ..phase import Phase
-from .base import Context, Method, Plan, State, Step, grow, register, shrunk, transition
+from .base import Context, Method, Plan, State, Step, check_small_then_grown, grow, register, shrunk, transition
 
 INITS = {"fpi": "split", "aki": "aki"}  # bert2bert.init -> the width operator's init
 
@@ -43,16 +43,7 @@ class Bert2BertSettings(MethodSettings):
     def validate(self, cfg: RunConfig) -> None:
         if self.init not in INITS:
             raise ConfigError(f"bert2bert.init must be 'fpi' or 'aki', got {self.init!r}")
-        positive(self.steps, "bert2bert.steps")
-        positive(self.width, "bert2bert.width")
-        positive(self.depth, "bert2bert.depth")
-        if self.width == 1 and self.depth == 1:
-            raise ConfigError("bert2bert: width 1 and depth 1 expand nothing; make one of them >= 2")
-        positive(self.rewarmup, "bert2bert.rewarmup", zero_ok=True)
-        if self.optimizer not in ("reset", "carry"):
-            raise ConfigError(f"bert2bert.optimizer must be 'reset' or 'carry', got {self.optimizer!r}")
-        tag(self.tag, "bert2bert.tag")
-        # The shapes (divisible by width and depth) and the budget are checked when the plan is built.
+        check_small_then_grown("bert2bert", self)
 
 
 @transition("expand_width")

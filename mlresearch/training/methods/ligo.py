@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from ...data.datasets import batch_indices, make_batch
 from ...operators.ligo import LinearGrowth, fit
 from ...tasks import task_of
-from ..config import ConfigError, MethodSettings, RunConfig, method_settings, number, positive, tag
+from ..config import ConfigError, MethodSettings, RunConfig, method_settings, number, positive
 from ..flops import train_flops_per_example
 from ..models import model_sizes
 from ..phase import Phase
-from .base import Context, Method, Plan, State, Step, grow, register, shrunk, transition
+from .base import Context, Method, Plan, State, Step, check_small_then_grown, grow, register, shrunk, transition
 
 
 @method_settings("ligo")
@@ -37,15 +37,9 @@ class LiGOSettings(MethodSettings):
     tag: str = ""
 
     def validate(self, cfg: RunConfig) -> None:
-        positive(self.steps, "ligo.steps")
-        positive(self.width, "ligo.width")
-        positive(self.depth, "ligo.depth")
-        if self.width == 1 and self.depth == 1:
-            raise ConfigError("ligo: width 1 and depth 1 grow nothing; make one of them >= 2")
+        check_small_then_grown("ligo", self)
         positive(self.fit_steps, "ligo.fit_steps")
         number(self.fit_lr, "ligo.fit_lr", 0, low_open=True)
-        positive(self.rewarmup, "ligo.rewarmup", zero_ok=True)
-        tag(self.tag, "ligo.tag")
 
 
 def fit_cost(cfg: RunConfig, step: Step, model) -> tuple[float, int]:

@@ -24,11 +24,10 @@ from ..config import (
     RunConfig,
     method_settings,
     positive,
-    tag,
 )
 from ..models import model_sizes
 from ..phase import Phase
-from .base import Context, Method, Plan, State, Step, grow, register, shrunk, transition
+from .base import Context, Method, Plan, State, Step, check_small_then_grown, grow, register, shrunk, transition
 
 
 @method_settings("msg")
@@ -45,17 +44,8 @@ class MSGSettings(MethodSettings):
     tag: str = ""
 
     def validate(self, cfg: RunConfig) -> None:
-        positive(self.steps, "msg.steps")
-        positive(self.width, "msg.width")
-        positive(self.depth, "msg.depth")
-        if self.width == 1 and self.depth == 1:
-            raise ConfigError("msg: width 1 and depth 1 grow nothing; make one of them >= 2")
+        check_small_then_grown("msg", self)
         positive(self.ramp, "msg.ramp")
-        positive(self.rewarmup, "msg.rewarmup", zero_ok=True)
-        if self.optimizer not in ("reset", "carry"):
-            raise ConfigError(f"msg.optimizer must be 'carry' or 'reset', got {self.optimizer!r}")
-        tag(self.tag, "msg.tag")
-        # The shapes (divisible by width and depth) and the budget are checked when the plan is built.
 
 
 @transition("msg_grow")
