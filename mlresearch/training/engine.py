@@ -221,10 +221,8 @@ def train_phase(
     teacher: nn.Module | None = None,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Train ``model`` for ``phase.steps`` steps; returns the trained model and its optimizer.
-    With a ``teacher`` (a phase with ``teacher`` settings) each step whose weight
-    (:meth:`Phase.teacher_weight`) is above 0 adds the distillation term and is charged the
-    teacher's forward pass. A phase with ``masks`` trains (and evaluates) under them, each step at
-    its ramp's value, until the ramp ends.
+    What a phase adds to a plain step (a ``teacher`` to distil from, masks that ramp) is
+    :class:`PhaseExtras`'.
 
     Each step: one optimizer step on the global batch, the ledger charged, then what the step is due
     for: a log row, an evaluation (with the growth trigger, for a phase that has one), a checkpoint
@@ -240,12 +238,8 @@ def train_phase(
     accelerator.free_memory()  # drop the previous phase's references
     seq = task_of(data.task).seq_len(cfg)
     flops_per_example, tokens_per_example = train_flops_per_example(model, seq), seq or 1
-    teacher_flops = 0.0
-    if teacher is not None:
-        teacher = teacher.to(accelerator.device).eval().requires_grad_(False)
-        teacher_flops = eval_flops_per_example(teacher, seq)
     model, optimizer, scheduler, raw, sharded = _distribute(model, optimizer, scheduler, phase, cfg, accelerator)
-    masks = phase.masks.attach(raw) if phase.masks is not None and progress.start < phase.masks.steps else None
+    extras = PhaseExtras(phase, teacher, raw, progress.start, accelerator.device, seq)
     batch, world, device = t.batch_size, accelerator.num_processes, accelerator.device
     micro = _micro_batch(cfg, world)
     peak = peak_flops(device, t.peak_tflops)
@@ -258,13 +252,8 @@ def train_phase(
         tick = time.perf_counter()
         done = step + 1  # steps count from 1, as in metrics.jsonl
         idx = batch_indices(len(data.train), batch, ledger.data_step, cfg.seed)[accelerator.process_index::world]
-        weight = phase.teacher_weight(step) if teacher is not None else 0.0
-        if masks is not None and step >= phase.masks.steps:
-            masks.remove()  # the ramp is over: the plain model from here on
-            masks = None
-        elif masks is not None:
-            masks.set(phase.masks.value(step))
-        total = accumulate(model, data, idx, micro, ledger.data_step, cfg, accelerator, teacher if weight else None, weight)
+        distil_from, weight = extras.at(step)
+        total = accumulate(model, data, idx, micro, ledger.data_step, cfg, accelerator, distil_from, weight)
         first_bad = torch.where((first_bad == 0) & ~torch.isfinite(total), done, first_bad)
         if t.grad_clip:
             accelerator.clip_grad_norm_(model.parameters(), t.grad_clip)
@@ -273,15 +262,12 @@ def train_phase(
         optimizer.zero_grad(set_to_none=True)
         log_due = done % t.log_every == 0 or done % t.eval_every == 0 or done == phase.steps
         eval_due = done % t.eval_every == 0 or done == phase.steps
+        checkpoint_due = done % t.checkpoint_every == 0 or done == phase.steps
         # The host waits for the device only on steps that log, evaluate or checkpoint (inside the
         # step's wall time, so the ledger's wall stays right on an asynchronous device).
         if log_due or done % t.checkpoint_every == 0:
-            mean_loss = accelerator.reduce(total, reduction="mean").item()
-            bad = int(accelerator.reduce(first_bad, reduction="max").item())
-            if bad or not math.isfinite(mean_loss):
-                raise TrainingDiverged(f"loss is {'nan' if bad else mean_loss} in phase {phase.name} at step "
-                                       f"{bad or done}; stopping. The last good checkpoint is {progress.last_good}")
-        ledger.flops += (flops_per_example + (teacher_flops if weight else 0.0)) * batch
+            mean_loss = _finite_loss(total, first_bad, accelerator, phase, done, progress)
+        ledger.flops += (flops_per_example + extras.flops_per_example(weight)) * batch
         ledger.examples += batch
         ledger.tokens += tokens_per_example * batch
         ledger.data_step += 1
@@ -298,21 +284,64 @@ def train_phase(
             log.write(row)
         if fired:
             _log_trigger(phase, row, done, log, accelerator)
-        if done % t.checkpoint_every == 0 or done == phase.steps or fired:
+        if checkpoint_due or fired:
             whole, whole_opt = progress.checkpoint(raw, optimizer, scheduler, sharded, done, ledger, log, cfg,
                                                    accelerator, ckpt_dir, phase, ended=fired)
         fault_point(f"step:{phase.name}:{done}")
         if fired:
             break
     bar.close()
-    if masks is not None:
-        masks.remove()
-        if step + 1 < phase.masks.steps:  # (a trigger ended the phase inside the ramp)
-            raise ValueError(f"phase {phase.name} ended at step {step + 1}, inside its masks' ramp of "
-                             f"{phase.masks.steps} steps; the model is not whole without them")
+    extras.close(phase.steps if progress.start >= phase.steps else done)
     if sharded:  # the phase always ends on a checkpoint step, so the gathered copy is the trained model
         return whole, whole_opt
     return raw, getattr(optimizer, "optimizer", optimizer)
+
+
+def _finite_loss(total, first_bad, accelerator, phase: Phase, done: int, progress: "Progress") -> float:
+    """The step's mean loss over the processes; a non-finite loss at this or an earlier step stops
+    the run (naming the last good checkpoint)."""
+    mean_loss = accelerator.reduce(total, reduction="mean").item()
+    bad = int(accelerator.reduce(first_bad, reduction="max").item())
+    if bad or not math.isfinite(mean_loss):
+        raise TrainingDiverged(f"loss is {'nan' if bad else mean_loss} in phase {phase.name} at step "
+                               f"{bad or done}; stopping. The last good checkpoint is {progress.last_good}")
+    return mean_loss
+
+
+class PhaseExtras:
+    """What a phase adds to a plain training step, read from its settings: a teacher whose
+    distillation term has weight :meth:`Phase.teacher_weight` (Knowledge Inheritance; each step of
+    weight above 0 runs and is charged its forward pass), and masks on a grown model's new structures
+    that ramp to 1 and are then removed (MSG). A phase with neither adds nothing."""
+
+    def __init__(self, phase: Phase, teacher: nn.Module | None, raw: nn.Module, start: int, device, seq) -> None:
+        self.phase = phase
+        self.teacher = teacher.to(device).eval().requires_grad_(False) if teacher is not None else None
+        self.teacher_flops = eval_flops_per_example(self.teacher, seq) if teacher is not None else 0.0
+        ramp = phase.masks
+        self.masks = ramp.attach(raw) if ramp is not None and start < ramp.steps else None
+
+    def at(self, step: int) -> tuple[nn.Module | None, float]:
+        """Ready 0-based ``step``: set the masks' value (or remove them once the ramp is over);
+        returns the teacher to distil from at this step (None: none) and its weight."""
+        if self.masks is not None and step >= self.phase.masks.steps:
+            self.masks.remove()  # the ramp is over: the plain model from here on
+            self.masks = None
+        elif self.masks is not None:
+            self.masks.set(self.phase.masks.value(step))
+        weight = self.phase.teacher_weight(step) if self.teacher is not None else 0.0
+        return (self.teacher if weight else None), weight
+
+    def flops_per_example(self, weight: float) -> float:
+        return self.teacher_flops if weight else 0.0
+
+    def close(self, steps_done: int) -> None:
+        if self.masks is None:
+            return
+        self.masks.remove()
+        if steps_done < self.phase.masks.steps:  # (a trigger ended the phase inside the ramp)
+            raise ValueError(f"phase {self.phase.name} ended at step {steps_done}, inside its masks' ramp of "
+                             f"{self.phase.masks.steps} steps; the model is not whole without them")
 
 
 def _optimizer_and_schedule(model: nn.Module, optimizer, phase: Phase, cfg: RunConfig):
