@@ -10,7 +10,7 @@
     mlresearch similarity --run DIR | --model DIR [--data CONFIG] --metric cka --out DIR
     mlresearch new gpt2 --out DIR --layers 4 --heads 4 --hidden 128 [--set vocab_size=8192]
     mlresearch plan CONFIG [--gpus N --peak-tflops X --mfu Y]             phases, FLOPs, GPU-hours per method
-    mlresearch data prepare CONFIG [--num-proc N] [--out DIR]             tokenize once into token files
+    mlresearch data prepare CONFIG [--num-proc N] [--out DIR]             tokenize once into token files (or render fractals)
     mlresearch check MODEL_DIR [--scheme FILE | --factor N]                 which operator promises hold
     mlresearch map coalesce    --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
     mlresearch map decoalesce  --src DIR --out DIR (--scheme FILE | --halving [--depth stack])
@@ -94,16 +94,33 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_images(cfg, settings: dict, args: argparse.Namespace) -> int:
+    """``data prepare`` of an image config: render a generated set (fractals) into the data cache."""
+    from .data.datasets import image_corpus
+    from .training.config import ConfigError
+
+    entry = image_corpus(settings)
+    if entry.prepare is None or settings.get("path"):
+        raise ConfigError(f"`data prepare` tokenizes text and renders generated image sets; data.corpus "
+                          f"{settings.get('corpus')!r} is read where it is")
+    if args.out:
+        raise ConfigError("--out: a generated image set goes to the data cache ($MLRESEARCH_CACHE), where runs find it")
+    tick = time.perf_counter()
+    path = entry.prepare(settings, int(settings.get("img_size") or 28), args.num_proc)
+    print(f"prepared in {time.perf_counter() - tick:.1f} s (or found): {path}")
+    return 0
+
+
 def _cmd_data_prepare(args: argparse.Namespace) -> int:
     from .data.prepare import is_prepared, open_prepared, prepare_text, prepared_dir
-    from .training.config import ConfigError, load_config
+    from .training.config import load_config
     from .tasks import task_of
     from .training.models import data_settings
 
     cfg = load_config(args.config, args.set)
-    if not task_of(cfg.task).sequences:
-        raise ConfigError(f"`data prepare` tokenizes text; task {cfg.task} reads its images where they are")
     settings = data_settings(cfg)
+    if not task_of(cfg.task).sequences:
+        return _prepare_images(cfg, settings, args)
     out = Path(args.out) if args.out else prepared_dir(cfg.task, settings, cfg.seed)
     existed = is_prepared(out)
     tick = time.perf_counter()

@@ -192,7 +192,7 @@ def test_a_glyphs_label_is_the_character_in_the_middle():
 
 
 @pytest.mark.parametrize("setting, message", [
-    (["data.corpus=mnist", "data.examples=500"], "data.examples sizes a generated corpus (glyphs); mnist has a fixed"),
+    (["data.corpus=mnist", "data.examples=500"], "data.examples sizes a generated corpus (glyphs, fractals); mnist has a fixed"),
     (["data.corpus=glyphs", "data.examples=0"], "data.examples must be a positive integer"),
     (["data.corpus=[glyphs, mnist]"], "known: mnist, glyphs"),
     (["data.corpus=glyphs", "data.examples=100"], "model.options.num_classes 10 is smaller than the data's 34 classes"),
@@ -384,3 +384,21 @@ def test_a_killed_fractal_preparation_leaves_nothing_that_looks_finished(tmp_pat
     assert not out.exists() and [p.name.startswith(".set.tmp-") for p in tmp_path.iterdir()] == [True]
     fractals.prepare(spec, out=out)
     assert (out / "images.npy").read_bytes() == (fractals.prepare(spec, out=tmp_path / "clean") / "images.npy").read_bytes()
+
+
+def test_data_prepare_renders_a_fractal_set_once_and_refuses_a_set_read_where_it_is(capsys):
+    """`mlresearch data prepare` on an image config renders the generated set into the cache (a
+    second call finds it; a run then reads that directory); a fixed set (MNIST) is refused in one line."""
+    from mlresearch.cli import main
+    from mlresearch.data import fractals
+
+    config = str(REPO / "experiments" / "configs" / "deit_smoke.yaml")
+    sets = ["--set", "data.corpus=fractals", "--set", "data.classes=4", "--set", "data.examples=40"]
+    assert main(["data", "prepare", config, *sets, "--num-proc", "2"]) == 0
+    path = fractals.prepared_path(fractals.FractalSet(classes=4, per_class=10, size=28))
+    assert fractals.is_prepared(path) and str(path) in capsys.readouterr().out
+    made = (path / "images.npy").stat().st_mtime_ns
+    assert main(["data", "prepare", config, *sets]) == 0 and (path / "images.npy").stat().st_mtime_ns == made
+    assert main(["data", "prepare", config]) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("mlresearch:")]
+    assert "data.corpus 'mnist' is read where it is" in line

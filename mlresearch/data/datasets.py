@@ -164,6 +164,7 @@ class ImageCorpus:
     has a fixed size."""
     load: Callable[[dict, int], tuple[np.ndarray, np.ndarray, dict]]
     sized: bool = False
+    prepare: Callable[[dict, int, int], Path] | None = None  # (section, side, processes) -> where a generated set is
 
 
 def fractal_set(cfg: dict, size: int) -> fractals.FractalSet:
@@ -187,18 +188,25 @@ IMAGE_CORPORA = {
     "mnist": ImageCorpus(lambda cfg, size: (*corpora.mnist5k(), {"source": "mnist5k"})),
     "glyphs": ImageCorpus(lambda cfg, size: (*glyphs.glyphs(int(cfg.get("examples") or glyphs.DEFAULT_IMAGES)),
                                              {"source": "glyphs"}), sized=True),
-    "fractals": ImageCorpus(_fractals, sized=True),
+    "fractals": ImageCorpus(_fractals, sized=True, prepare=lambda cfg, size, num_proc: fractals.prepare(
+        fractal_set(cfg, size), num_proc, progress=True)),
 }
+
+
+def image_corpus(cfg: dict) -> ImageCorpus:
+    """The built-in image set a data section names (one clear error for an unknown one)."""
+    corpus = cfg.get("corpus", "mnist")
+    corpus = corpus[0] if isinstance(corpus, list) and len(corpus) == 1 else corpus
+    if not isinstance(corpus, str) or corpus not in IMAGE_CORPORA:
+        raise DataError(f"unknown image corpus {cfg.get('corpus')!r}; known: {', '.join(IMAGE_CORPORA)}")
+    return IMAGE_CORPORA[corpus]
 
 
 def load_images(cfg: dict, seed: int, size: int = 28) -> Data:
     if cfg.get("path"):
         return load_image_folder(cfg, seed, size)
+    entry = image_corpus(cfg)
     corpus = cfg.get("corpus", "mnist")
-    corpus = corpus[0] if isinstance(corpus, list) and len(corpus) == 1 else corpus
-    if not isinstance(corpus, str) or corpus not in IMAGE_CORPORA:
-        raise DataError(f"unknown image corpus {cfg.get('corpus')!r}; known: {', '.join(IMAGE_CORPORA)}")
-    entry = IMAGE_CORPORA[corpus]
     if cfg.get("examples") and not entry.sized:
         generated = ", ".join(name for name, c in IMAGE_CORPORA.items() if c.sized)
         raise DataError(f"data.examples sizes a generated corpus ({generated}); {corpus} has a fixed size")
