@@ -297,8 +297,9 @@ def answer(table: pd.DataFrame) -> str:
         name = variant_name(r) + (f" ({label})" if isinstance(label, str) and label else "")
         rows.append([r.experiment, name, str(int(r.seeds)), *cells,
                      "-" if pd.isna(getattr(r, "tokens_per_parameter", math.nan)) else f"{r.tokens_per_parameter:.1f}"])
-    head = ["experiment", "method", "seeds", "FLOPs saved % at matched loss", "loss - annealed baseline at equal FLOPs",
-            "loss - small shape alone at equal FLOPs", "tokens per full-model parameter"]
+    # short headers (the README's first screen, read on a narrow one too); the sentence under the table says them in full
+    head = ["experiment", "method", "seeds", "FLOPs saved %", "loss gap, baseline", "loss gap, small alone",
+            "tokens / param"]
     return ("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n" +
             "".join("| " + " | ".join(row) + " |\n" for row in rows))
 
