@@ -45,8 +45,8 @@ def trend(summary: pd.DataFrame, title: str = "Similarity over training"):
     for column, label in (("adjacent_layers", "mean adjacent-layer"), ("within_layer_heads", "mean within-layer heads")):
         ax.plot(x, summary[column], marker="o", label=label)
     if not summary["step"].is_monotonic_increasing:
-        ax.set_xticks(x, [f"{p} step {s}" for p, s in zip(summary["phase"], summary["step"])], rotation=45, ha="right",
-                      fontsize=7)
+        ax.set_xticks(x, [("final" if s < 0 else f"{p} step {s}") for p, s in zip(summary["phase"], summary["step"])],
+                      rotation=45, ha="right", fontsize=7)  # (a final model's snapshot has no step: -1)
     ax.set(xlabel="training step", ylabel="similarity", title=title)
     ax.grid(alpha=0.3)
     ax.legend()
