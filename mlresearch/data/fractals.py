@@ -38,7 +38,7 @@ import numpy as np
 from ..faults import fault_point
 from .text import DataError, cache_dir
 
-FORMAT = 1
+FORMAT = 2  # (2: shifts kept inside the frame)
 MIN_FILL = 0.08  # of a 64 x 64 canvas: the filling-rate test of a class's system
 CHAINS = 64  # chaos-game chains per image, run in parallel
 BURN = 12  # steps each chain runs before its points count (it has reached the attractor by then)
@@ -140,8 +140,8 @@ def render(maps: np.ndarray, spec: FractalSet, label: int, index: int) -> np.nda
     side = spec.size
     margin = rng.uniform(0.05, 0.25)  # the scale within the frame
     counts = _raster(xy, side, margin).astype(np.float32)
-    shift = rng.integers(-side // 8, side // 8 + 1, 2)
-    counts = np.roll(counts, tuple(shift), axis=(0, 1))
+    room = int(margin * (side - 1))  # a shift within the margin: nothing wraps round the frame
+    counts = np.roll(counts, tuple(rng.integers(-room, room + 1, 2)), axis=(0, 1))
     # splat each pixel's count onto its neighbours (a slight blur), then a saturating intensity
     padded = np.pad(counts, 1)
     blurred = (4 * counts + padded[:-2, 1:-1] + padded[2:, 1:-1] + padded[1:-1, :-2] + padded[1:-1, 2:]) / 8
