@@ -161,8 +161,9 @@ def format_cost(cfg: RunConfig, gpus: int = 8, peak_tflops: float = H100_BF16_DE
     lines.append("\nif a method reaches the baseline's final validation loss at the end of its plan:")
     for name, ledger in ledgers.items():
         if name != "baseline":
+            saved = hours(base) - hours(ledger["flops"])
             lines.append(f"  {name}: {100 * (1 - ledger['flops'] / base):.1f}% of the baseline's FLOPs saved, "
-                         f"{hours(base) - hours(ledger['flops']):,.1f} GPU-hours")
+                         f"{saved if abs(saved) >= 0.05 else 0.0:,.1f} GPU-hours")  # (no "-0.0")
     return "\n".join(lines)
 
 
