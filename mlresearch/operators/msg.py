@@ -10,7 +10,8 @@ its first blocks; the new blocks sit on top. Every other entry keeps its random 
 masks, not the weights, keep the function, so any initialisation would do (an all-zero one would
 never learn, its gradients being zero).
 
-Masks (:class:`MaskRamp`, attached with forward hooks, removed once ``c`` reaches 1):
+Masks (:class:`MaskRamp`, attached with forward hooks, a norm's forward swapped for its masked
+one, all removed once ``c`` reaches 1):
 
 - a new head's output, before the attention output projection, and a new FFN neuron's activation,
   before the down projection, are multiplied by ``c``;
@@ -184,6 +185,20 @@ def _masked_norm(module: nn.Module, x: torch.Tensor, m: torch.Tensor) -> torch.T
     return y * m.to(y.dtype)
 
 
+class _ForwardSwap:
+    """``module.forward`` replaced by ``forward`` on the instance; :meth:`remove` puts back what was there."""
+
+    def __init__(self, module: nn.Module, forward) -> None:
+        self.module, self.previous = module, module.__dict__.get("forward")
+        module.forward = forward
+
+    def remove(self) -> None:
+        if self.previous is None:
+            del self.module.forward
+        else:
+            self.module.forward = self.previous
+
+
 class Masks:
     """The hooks that mask a grown model's new structures; :meth:`set` the mask value, :meth:`remove` them."""
 
@@ -213,7 +228,7 @@ class Masks:
                 continue
             segments = [role_info(s)[:2] for r in where.roles if r is not None for s in role_segments(r)]
             if param.dim() == 1 and segments and segments[0][0] == "hidden":
-                self._hook_output(modules[owner], lambda mod, x: _masked_norm(mod, x, self.mask("hidden", x)))
+                self._replace_norm(modules[owner])
             elif where.layer is not None and where.layer < layers and ("heads", "in") in segments:
                 self._hook_input(modules[owner], "heads")
             elif where.layer is not None and where.layer < layers and ("ffn", "in") in segments:
@@ -231,8 +246,10 @@ class Masks:
             self._cache[key] = torch.where(old, 1.0, self.value).to(x.dtype)
         return self._cache[key]
 
-    def _hook_output(self, module, fn) -> None:
-        self._handles.append(module.register_forward_hook(lambda mod, args, out: fn(mod, args[0])))
+    def _replace_norm(self, module) -> None:
+        """The masked norm in place of the module's own forward until :meth:`remove` (a forward hook
+        would compute the plain norm too, then throw it away)."""
+        self._handles.append(_ForwardSwap(module, lambda x, *rest: _masked_norm(module, x, self.mask("hidden", x))))
 
     def _hook_input(self, module, space: str) -> None:
         self._handles.append(module.register_forward_pre_hook(
