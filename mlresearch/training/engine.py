@@ -222,7 +222,7 @@ def train_phase(
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Train ``model`` for ``phase.steps`` steps; returns the trained model and its optimizer.
     What a phase adds to a plain step (a ``teacher`` to distil from, masks that ramp) is
-    :class:`PhaseExtras`'.
+    :class:`PhaseExtras`.
 
     Each step: one optimizer step on the global batch, the ledger charged, then what the step is due
     for: a log row, an evaluation (with the growth trigger, for a phase that has one), a checkpoint
@@ -265,7 +265,7 @@ def train_phase(
         checkpoint_due = done % t.checkpoint_every == 0 or done == phase.steps
         # The host waits for the device only on steps that log, evaluate or checkpoint (inside the
         # step's wall time, so the ledger's wall stays right on an asynchronous device).
-        if log_due or done % t.checkpoint_every == 0:
+        if log_due or checkpoint_due:
             mean_loss = _finite_loss(total, first_bad, accelerator, phase, done, progress)
         ledger.flops += (flops_per_example + extras.flops_per_example(weight)) * batch
         ledger.examples += batch
