@@ -94,19 +94,18 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prepare_images(cfg, settings: dict, args: argparse.Namespace) -> int:
+def _prepare_images(settings: dict, args: argparse.Namespace) -> int:
     """``data prepare`` of an image config: render a generated set (fractals) into the data cache."""
-    from .data.datasets import image_corpus
+    from .data.datasets import prepare_images
     from .training.config import ConfigError
 
-    entry = image_corpus(settings)
-    if entry.prepare is None or settings.get("path"):
-        raise ConfigError(f"`data prepare` tokenizes text and renders generated image sets; data.corpus "
-                          f"{settings.get('corpus')!r} is read where it is")
     if args.out:
         raise ConfigError("--out: a generated image set goes to the data cache ($MLRESEARCH_CACHE), where runs find it")
     tick = time.perf_counter()
-    path = entry.prepare(settings, int(settings.get("img_size") or 28), args.num_proc)
+    path = prepare_images(settings, args.num_proc)
+    if path is None:
+        raise ConfigError(f"`data prepare` tokenizes text and renders generated image sets; data.corpus "
+                          f"{settings.get('corpus')!r} is read where it is")
     print(f"prepared in {time.perf_counter() - tick:.1f} s (or found): {path}")
     return 0
 
@@ -120,7 +119,7 @@ def _cmd_data_prepare(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     settings = data_settings(cfg)
     if not task_of(cfg.task).sequences:
-        return _prepare_images(cfg, settings, args)
+        return _prepare_images(settings, args)
     out = Path(args.out) if args.out else prepared_dir(cfg.task, settings, cfg.seed)
     existed = is_prepared(out)
     tick = time.perf_counter()

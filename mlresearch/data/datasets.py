@@ -184,12 +184,15 @@ def _fractals(cfg: dict, size: int):
     return images, labels, {"source": f"fractals:{spec.fingerprint()}", "classes": spec.classes}
 
 
+def _prepare_fractals(cfg: dict, size: int, num_proc: int) -> Path:
+    return fractals.prepare(fractal_set(cfg, size), num_proc, progress=True)
+
+
 IMAGE_CORPORA = {
     "mnist": ImageCorpus(lambda cfg, size: (*corpora.mnist5k(), {"source": "mnist5k"})),
     "glyphs": ImageCorpus(lambda cfg, size: (*glyphs.glyphs(int(cfg.get("examples") or glyphs.DEFAULT_IMAGES)),
                                              {"source": "glyphs"}), sized=True),
-    "fractals": ImageCorpus(_fractals, sized=True, prepare=lambda cfg, size, num_proc: fractals.prepare(
-        fractal_set(cfg, size), num_proc, progress=True)),
+    "fractals": ImageCorpus(_fractals, sized=True, prepare=_prepare_fractals),
 }
 
 
@@ -200,6 +203,20 @@ def image_corpus(cfg: dict) -> ImageCorpus:
     if not isinstance(corpus, str) or corpus not in IMAGE_CORPORA:
         raise DataError(f"unknown image corpus {cfg.get('corpus')!r}; known: {', '.join(IMAGE_CORPORA)}")
     return IMAGE_CORPORA[corpus]
+
+
+def image_side(cfg: dict) -> int:
+    """The side of the images a data section reads (``data.img_size``, else MNIST's 28)."""
+    return int(cfg.get("img_size") or 28)
+
+
+def prepare_images(cfg: dict, num_proc: int = 1) -> Path | None:
+    """Render the generated image set a data section names, as a run of it would read it (None:
+    the section's images are read where they are, nothing to prepare)."""
+    entry = image_corpus(cfg) if not cfg.get("path") else None
+    if entry is None or entry.prepare is None:
+        return None
+    return entry.prepare(cfg, image_side(cfg), num_proc)
 
 
 def load_images(cfg: dict, seed: int, size: int = 28) -> Data:
@@ -224,7 +241,7 @@ def load_data(task: str, cfg: dict, seed: int) -> Data:
     if task in ("causal_lm", "masked_lm"):
         return load_text(task, cfg, seed)
     if task == "image_cls":
-        return load_images(cfg, seed, int(cfg.get("img_size") or 28))
+        return load_images(cfg, seed, image_side(cfg))
     raise DataError(f"unknown task {task!r}")
 
 
