@@ -394,11 +394,11 @@ def paper_tables(runs: pd.DataFrame, headline: dict[str, dict[str, str]] | None 
                              "ours: downstream": _baseline_downstream(ours)})
             elif not len(mine):
                 rows.append({**cells, "ours": f"{experiment}: not run yet"})
-            for r in mine.itertuples(index=False) if method != "baseline" else ():
-                rows.append({**cells, "ours": f"{experiment}: {variant_name(r)}", "seeds": int(r.seeds),
+            else:
+                rows.extend({**cells, "ours": f"{experiment}: {variant_name(r)}", "seeds": int(r.seeds),
                              "ours: FLOPs saved % at matched loss": getattr(r, "saved_pct_cell", "no frontier yet"),
                              "ours: loss - frontier at equal FLOPs": getattr(r, "loss_gap_cell", "no frontier yet"),
-                             "ours: downstream": _downstream_cell(r)})
+                             "ours: downstream": _downstream_cell(r)} for r in mine.itertuples(index=False))
     table = pd.DataFrame(rows)
     return table.fillna({"seeds": 0}).astype({"seeds": int}).fillna("-") if len(table) else table
 
@@ -408,8 +408,13 @@ def _baseline_downstream(ours: pd.DataFrame) -> str:
     if not len(ours) or ours.baseline_downstream.isna().all():
         return "-"
     best = ours[ours.baseline_downstream.notna()].sort_values("seeds", ascending=False).iloc[0]
-    key, label = task_of(best.task).downstream
-    return f"{label} {best.baseline_downstream:{'.1f' if key == 'perplexity' else '.3f'}} ({int(best.seeds)} seeds)"
+    return f"{task_of(best.task).downstream[1]} {_downstream_number(best.task, best.baseline_downstream)} " \
+           f"({int(best.seeds)} seeds)"
+
+
+def _downstream_number(task: str, value: float) -> str:
+    """A downstream number as the tables print it: a perplexity to 0.1, an accuracy to 0.001."""
+    return f"{value:.1f}" if task_of(task).downstream[0] == "perplexity" else f"{value:.3f}"
 
 
 def _reported(row, key: str) -> str:
@@ -424,9 +429,9 @@ def _reported(row, key: str) -> str:
 def _downstream_cell(row) -> str:
     if pd.isna(row.method_downstream) or pd.isna(row.baseline_downstream):
         return "-"
-    key, name = task_of(row.task).downstream
-    fmt = "{:.1f}" if key == "perplexity" else "{:.3f}"
-    cell = f"{name} {fmt.format(row.method_downstream)} vs {fmt.format(row.baseline_downstream)}"
+    name = task_of(row.task).downstream[1]
+    cell = (f"{name} {_downstream_number(row.task, row.method_downstream)} vs "
+            f"{_downstream_number(row.task, row.baseline_downstream)}")
     if task_of(row.task).accuracy:
         cell += "; val-acc target " + ("not reached" if pd.isna(row.acc_flops_saving_pct) else
                                        f"reached {int(row.reached_acc)}/{int(row.seeds)}, "
