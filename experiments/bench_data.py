@@ -7,7 +7,7 @@ each step in its own process:
 1. ``mlresearch data prepare`` of the whole set (``--size-mb``, default ~1 GB) with 1 and with 2
    tokenizing processes (GPT-2's tokenizer, so no tokenizer training is timed): MB of text per
    second, and the peak resident memory of the preparing process tree (sampled every 0.1 s);
-2. a short ``mlresearch train`` of a tiny GPT-2 on the prepared data of the whole set (10x) and of
+2. a short ``mlresearch run --method baseline`` of a tiny GPT-2 on the prepared data of the whole set (10x) and of
    a tenth of it (1x): the training process's peak resident memory (``ru_maxrss``).
 
 Last line: ``prepare_mb_s=<x> rss_ratio=<y>`` (x: with 2 processes; y: training peak RSS at 10x /
@@ -108,12 +108,12 @@ def prepare(cfg: Path, out: Path, num_proc: int) -> tuple[float, float]:
 
 
 def train_peak_rss(cfg: Path, out: Path) -> float:
-    """Peak RSS (MB) of one ``mlresearch train`` process, read by a fresh wrapper process whose only
+    """Peak RSS (MB) of one ``mlresearch run --method baseline`` process, read by a fresh wrapper process whose only
     child it is (``ru_maxrss`` of its children)."""
     wrapper = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
                "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    done = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "mlresearch.cli", "train", str(cfg),
+    done = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "mlresearch.cli", "run", "--method", "baseline", str(cfg),
                            "--out", str(out), "--overwrite"], cwd=REPO, env=env, capture_output=True, text=True)
     code, kb = done.stdout.split()[-2:]
     if int(code):

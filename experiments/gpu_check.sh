@@ -59,8 +59,8 @@ grep -h '"interpolated"' "$out/gpt2-124m-vcycle/metrics.jsonl" || true
 gpus=$(python -c "import torch; print(torch.cuda.device_count())")
 if [ "$gpus" -ge 2 ]; then
   echo "== 4. FSDP on 2 GPUs (the smoke V-cycle, optimizer carried) against 1 GPU"
-  mlresearch vcycle experiments/configs/gpt2_smoke.yaml --out "$out/fsdp-1gpu" --overwrite --set vcycle.optimizer=carry
-  torchrun --nproc_per_node 2 -m mlresearch.cli vcycle experiments/configs/gpt2_smoke.yaml --out "$out/fsdp-2gpu" \
+  mlresearch run experiments/configs/gpt2_smoke.yaml --method vcycle --out "$out/fsdp-1gpu" --overwrite --set vcycle.optimizer=carry
+  torchrun --nproc_per_node 2 -m mlresearch.cli run experiments/configs/gpt2_smoke.yaml --method vcycle --out "$out/fsdp-2gpu" \
     --overwrite --set vcycle.optimizer=carry --set train.fsdp=true
   summary "$out/fsdp-1gpu" "$out/fsdp-2gpu"
 else

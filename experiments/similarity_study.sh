@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
 for model in gpt2 bert deit; do
   run=results/similarity/${model}-run
-  mlresearch train experiments/configs/${model}_tiny.yaml --out "$run" --resume --skip-done \
+  mlresearch run experiments/configs/${model}_tiny.yaml --method baseline --out "$run" --resume --skip-done \
     --set train.keep_snapshots=true --set train.checkpoint_every=50
   mlresearch similarity --run "$run" --metric cka --out results/similarity/${model} --overwrite
   mlresearch similarity --run "$run" --metric attention --out results/similarity/${model}-attention --overwrite

@@ -1,9 +1,7 @@
 """The ``mlresearch`` command line.
 
-    mlresearch run     CONFIG --method baseline|small|vcycle [--plan] [--baseline] [--out DIR] [--resume]
-    mlresearch train   CONFIG [--out DIR] [--resume] [--set key=value]   baseline from scratch
-    mlresearch vcycle  CONFIG [--out DIR] [--resume] [--baseline]        V-cycle (and its baseline)
-    mlresearch compare BASELINE_RUN VCYCLE_RUN                           FLOPs/wall saving
+    mlresearch run     CONFIG --method METHOD [--plan] [--baseline] [--out DIR] [--resume] [--set key=value]
+    mlresearch compare BASELINE_RUN METHOD_RUN                           FLOPs/wall saving
     mlresearch study SPEC [--stage S] [--dry-run] [--launch CMD]          a study spec, resumable
     mlresearch table [--docs README.md docs/results.md]                  study tables from results/
     mlresearch downstream RUN_DIR... [--skip-done]                       downstream checks of finished runs
@@ -210,15 +208,15 @@ def _cmd_new(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
+def _cmd_run(args: argparse.Namespace) -> int:
     from .training.config import load_config
     from .training.methods import build_plan, format_plan
     from .training.run import config_differences, default_out, run_method
 
     cfg = load_config(args.config, args.set)
-    kind = {"train": "baseline", "vcycle": "vcycle"}.get(args.command) or args.method
+    kind = args.method
     build_plan(cfg, kind)  # an unknown method, or one the config cannot plan, is an error here
-    if getattr(args, "plan", False):
+    if args.plan:
         print(format_plan(cfg, kind))
         return 0
     out = Path(args.out) if args.out else default_out(cfg, kind, args.root)
@@ -226,20 +224,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
         changed = config_differences(out, cfg, kind)
         if args.skip_done:
             note = f" (WARNING: its config differs in {', '.join(changed)})" if changed else ""
-            print(f"{args.command}: {out} is complete (summary.json); skipped{note}")
+            print(f"{kind}: {out} is complete (summary.json); skipped{note}")
             return 0
         finished = None if changed else json.loads((out / "summary.json").read_text())
     else:
         finished = None
     base_out = None
-    if kind != "baseline" and getattr(args, "baseline", False):
+    if kind != "baseline" and args.baseline:
         base_out = default_out(cfg, "baseline", args.root)
         if (base_out / "summary.json").exists() and not config_differences(base_out, cfg, "baseline"):
             print(f"baseline: reusing {base_out} (finished, same config)")
         else:
             _print_summary(run_method(cfg, "baseline", base_out, resume=base_out.exists()))
     if finished is not None:  # the same run, finished: report it rather than fail or train it again
-        print(f"{args.command}: reusing {out} (finished, same config; --overwrite trains it again)")
+        print(f"{kind}: reusing {out} (finished, same config; --overwrite trains it again)")
         _print_summary(finished)
     else:
         _print_summary(run_method(cfg, kind, out, resume=args.resume, overwrite=args.overwrite))
@@ -260,7 +258,7 @@ def _print_summary(summary: dict) -> None:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from .training.compare import compare_runs, format_comparison
 
-    print(format_comparison(compare_runs(args.baseline, args.vcycle)))
+    print(format_comparison(compare_runs(args.baseline, args.method)))
     return 0
 
 
@@ -321,31 +319,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .training.methods import METHODS
 
-    for name, text in (("run", "run a method's plan (baseline, small-model control, V-cycle, ...)"),
-                       ("train", "train a baseline from scratch (= run --method baseline)"),
-                       ("vcycle", "run the V-cycle (= run --method vcycle)")):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("config", help="YAML config (experiments/configs/*.yaml)")
-        if name == "run":
-            p.add_argument("--method", required=True, choices=sorted(METHODS))
-            p.add_argument("--plan", action="store_true",
-                           help="print every phase and transition (model size, steps, tokens, planned FLOPs) and "
-                                "the total, without training")
-        p.add_argument("--out", help="run directory (default ROOT/<experiment>/<run>)")
-        p.add_argument("--root", help="where default run directories go (default $MLRESEARCH_RUNS or ./runs; "
-                                      "the committed study uses --root results)")
-        p.add_argument("--resume", action="store_true", help="continue a killed run from its checkpoints")
-        p.add_argument("--overwrite", action="store_true", help="start over in an existing run directory")
-        p.add_argument("--skip-done", action="store_true", help="do nothing if the run already has its summary")
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config value, e.g. train.steps=100")
-        if name != "train":
-            p.add_argument("--baseline", action="store_true",
-                           help="also train (or reuse) the baseline and print the comparison")
-        p.set_defaults(func=_cmd_train)
+    p = sub.add_parser("run", help="run a method's plan (baseline, small-model control, V-cycle, ...)")
+    p.add_argument("config", help="YAML config (experiments/configs/*.yaml)")
+    p.add_argument("--method", required=True, choices=sorted(METHODS))
+    p.add_argument("--plan", action="store_true",
+                   help="print every phase and transition (model size, steps, tokens, planned FLOPs) and "
+                        "the total, without training")
+    p.add_argument("--out", help="run directory (default ROOT/<experiment>/<run>)")
+    p.add_argument("--root", help="where default run directories go (default $MLRESEARCH_RUNS or ./runs; "
+                                  "the committed study uses --root results)")
+    p.add_argument("--resume", action="store_true", help="continue a killed run from its checkpoints")
+    p.add_argument("--overwrite", action="store_true", help="start over in an existing run directory")
+    p.add_argument("--skip-done", action="store_true", help="do nothing if the run already has its summary")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. train.steps=100")
+    p.add_argument("--baseline", action="store_true",
+                   help="also train (or reuse) the baseline and print the comparison")
+    p.set_defaults(func=_cmd_run)
     p = sub.add_parser("compare", help="FLOPs and wall time to reach the baseline's final validation loss")
-    p.add_argument("baseline")
-    p.add_argument("vcycle")
+    p.add_argument("baseline", help="the baseline's run directory")
+    p.add_argument("method", help="the method's run directory")
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("downstream", help="downstream check of finished runs (zero-shot perplexity, BBC topic "
@@ -456,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _resume_hint(args: argparse.Namespace, argv: Sequence[str]) -> str:
-    if getattr(args, "command", None) in ("run", "train", "vcycle"):
+    if getattr(args, "command", None) == "run":
         again = [a for a in argv if a != "--overwrite"] + ([] if args.resume else ["--resume"])
         return f"; checkpoints are kept: continue with `mlresearch {shlex.join(again)}`"
     return ""

@@ -236,7 +236,7 @@ def test_similarity_over_training_cli(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MLRESEARCH_CACHE", str(tmp_path / "cache"))
     config = str(__import__("pathlib").Path(__file__).resolve().parent.parent / "experiments/configs/deit_smoke.yaml")
-    assert main(["train", config, "--out", str(tmp_path / "run"), "--set", "train.keep_snapshots=true",
+    assert main(["run", "--method", "baseline", config, "--out", str(tmp_path / "run"), "--set", "train.keep_snapshots=true",
                  "--set", "vcycle=null"]) == 0
     assert main(["similarity", "--run", str(tmp_path / "run"), "--out", str(tmp_path / "sim")]) == 0
     frame = pd.read_csv(tmp_path / "sim" / "similarity.csv")

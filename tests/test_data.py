@@ -106,7 +106,7 @@ def test_prepare_command_in_parallel_equals_one_process_and_trains(tmp_path):
         assert (tmp_path / "p1" / f"{split}.bin").read_bytes() == (tmp_path / "p2" / f"{split}.bin").read_bytes()
     again = _cli("data", "prepare", config, "--out", tmp_path / "p1", *common)
     assert again.returncode == 0 and "already prepared" in again.stdout
-    run = _cli("train", config, "--out", tmp_path / "run", *common, "--set", f"data.prepared_dir={tmp_path / 'p2'}",
+    run = _cli("run", "--method", "baseline", config, "--out", tmp_path / "run", *common, "--set", f"data.prepared_dir={tmp_path / 'p2'}",
                "--set", "train.steps=4")
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -201,7 +201,7 @@ def test_bad_image_data_settings_are_one_line_before_anything_is_written(tmp_pat
     from mlresearch.cli import main
 
     args = [a for s in setting for a in ("--set", s)]
-    assert main(["train", str(REPO / "experiments" / "configs" / "deit_smoke.yaml"), "--out", str(tmp_path / "run"),
+    assert main(["run", "--method", "baseline", str(REPO / "experiments" / "configs" / "deit_smoke.yaml"), "--out", str(tmp_path / "run"),
                  *args]) == 2
     (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("mlresearch:")]
     assert message in line, line

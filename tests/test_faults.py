@@ -59,7 +59,7 @@ def leftovers(run_dir):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     root = tmp_path_factory.mktemp("uninterrupted")
-    for command in ("train", "vcycle", "run --method small", "run --method staged", "run --method bert2bert",
+    for command in ("run --method baseline", "run --method vcycle", "run --method small", "run --method staged", "run --method bert2bert",
                     "run --method ki", "run --method ligo", "run --method msg"):
         done = cli(*command.split(), SMOKE, "--out", root / command.replace(" ", "_"), *DROPOUT)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -67,13 +67,13 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.parametrize("command, faults, resumes_at", [
-    ("vcycle", ["step:*:6", "step:*:2", "step:*:5"], "up1 at step 4"),  # used to lose the up-phase's first rows
-    ("vcycle", ["step:down1:1"], None),  # before any checkpoint: resuming must not duplicate rows
-    ("vcycle", ["after:coalesce:1", "after-phase:small"], None),  # between transitions
-    ("vcycle", ["after:interpolate:1"], None),
+    ("run --method vcycle", ["step:*:6", "step:*:2", "step:*:5"], "up1 at step 4"),  # used to lose the up-phase's first rows
+    ("run --method vcycle", ["step:down1:1"], None),  # before any checkpoint: resuming must not duplicate rows
+    ("run --method vcycle", ["after:coalesce:1", "after-phase:small"], None),  # between transitions
+    ("run --method vcycle", ["after:interpolate:1"], None),
     # Killed between the two renames of a checkpoint replace: the previous checkpoint (step 4) survives.
-    ("vcycle", ["between-renames:up1"], "up1 at step 4"),
-    ("train", ["between-renames:baseline#2", "step:baseline:10"], "baseline at step 8"),
+    ("run --method vcycle", ["between-renames:up1"], "up1 at step 4"),
+    ("run --method baseline", ["between-renames:baseline#2", "step:baseline:10"], "baseline at step 8"),
     ("run --method small", ["step:small:6"], "small at step 4"),
     ("run --method staged", ["after:grow_width:1", "step:stage1:6"], "stage1 at step 4"),  # across a growth
     ("run --method bert2bert", ["after:expand_width:1"], None),  # between its widening and its stacking
@@ -102,12 +102,12 @@ def test_any_sequence_of_kills_resumes_to_the_uninterrupted_run(tmp_path, uninte
 
 def test_a_row_cut_off_by_a_kill_is_dropped_on_resume(tmp_path, uninterrupted):
     out = tmp_path / "run"
-    assert cli("train", SMOKE, "--out", out, *DROPOUT, fault="step:baseline:6").returncode == -signal.SIGKILL
+    assert cli("run", "--method", "baseline", SMOKE, "--out", out, *DROPOUT, fault="step:baseline:6").returncode == -signal.SIGKILL
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"phase": "baseline", "step": 7, "train_lo')  # a kill in the middle of a row's write
-    resumed = cli("train", SMOKE, "--out", out, "--resume", *DROPOUT)
+    resumed = cli("run", "--method", "baseline", SMOKE, "--out", out, "--resume", *DROPOUT)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert untimed(out) == untimed(uninterrupted / "train")
+    assert untimed(out) == untimed(uninterrupted / "run_--method_baseline")
 
 
 def test_a_second_writer_is_refused(tmp_path):
@@ -116,7 +116,7 @@ def test_a_second_writer_is_refused(tmp_path):
     out = tmp_path / "run"
     held = _lock(out)  # as a running process holds it
     try:
-        second = cli("train", SMOKE, "--out", out, "--resume")
+        second = cli("run", "--method", "baseline", SMOKE, "--out", out, "--resume")
         assert second.returncode == 2
         assert errors(second.stderr) == [
             f"mlresearch: error: {out} is being written by process {os.getpid()}; one run directory takes one "
@@ -124,7 +124,7 @@ def test_a_second_writer_is_refused(tmp_path):
         assert not (out / "metrics.jsonl").exists()
     finally:
         held.close()
-    assert cli("train", SMOKE, "--out", out, "--resume", "--set", "train.steps=4", "--set", "vcycle=null").returncode == 0
+    assert cli("run", "--method", "baseline", SMOKE, "--out", out, "--resume", "--set", "train.steps=4", "--set", "vcycle=null").returncode == 0
 
 
 class _Payload:
@@ -139,12 +139,12 @@ class _Payload:
 
 def test_a_pickled_checkpoint_state_never_runs(tmp_path):
     out, marker = tmp_path / "run", tmp_path / "pwned"
-    assert cli("train", SMOKE, "--out", out, fault="step:baseline:6").returncode == -signal.SIGKILL
+    assert cli("run", "--method", "baseline", SMOKE, "--out", out, fault="step:baseline:6").returncode == -signal.SIGKILL
     state_dir = out / "checkpoints" / "baseline"
     for name in ("state.json", "state.safetensors"):  # leave only an old-format state.pt, with a payload
         (state_dir / name).unlink()
     torch.save({"step": 4, "optimizer": _Payload(marker)}, state_dir / "state.pt")
-    resumed = cli("train", SMOKE, "--out", out, "--resume")
+    resumed = cli("run", "--method", "baseline", SMOKE, "--out", out, "--resume")
     (line,) = errors(resumed.stderr)
     assert resumed.returncode == 2 and "refused rather than unpickled" in line
     assert not marker.exists()
@@ -153,7 +153,7 @@ def test_a_pickled_checkpoint_state_never_runs(tmp_path):
 def test_an_old_plain_state_pt_still_resumes(tmp_path):
     """Runs written before state.json (pickled plain containers with numpy RNG state) resume."""
     out = tmp_path / "run"
-    assert cli("train", SMOKE, "--out", out, fault="step:baseline:6").returncode == -signal.SIGKILL
+    assert cli("run", "--method", "baseline", SMOKE, "--out", out, fault="step:baseline:6").returncode == -signal.SIGKILL
     state_dir = out / "checkpoints" / "baseline"
     state = load_state(state_dir)
     for name in ("state.json", "state.safetensors"):
@@ -161,7 +161,7 @@ def test_an_old_plain_state_pt_still_resumes(tmp_path):
     torch.save(state, state_dir / "state.pt")  # what the old code wrote (numpy arrays included)
     with pytest.warns(UserWarning, match="old pickle-based format"):
         assert load_state(state_dir)["step"] == 4
-    assert cli("train", SMOKE, "--out", out, "--resume").returncode == 0
+    assert cli("run", "--method", "baseline", SMOKE, "--out", out, "--resume").returncode == 0
 
 
 def test_a_checkpoint_write_that_fails_midway_keeps_the_previous_one(tmp_path, monkeypatch):
@@ -196,7 +196,7 @@ def test_a_full_disk_is_one_line_with_the_way_to_resume(tmp_path, monkeypatch, c
         raise OSError(errno.ENOSPC, "No space left on device", str(directory))
 
     monkeypatch.setattr(engine, "save_state", full_disk)
-    argv = ["train", SMOKE, "--out", str(tmp_path / "run"), "--set", "vcycle=null"]
+    argv = ["run", "--method", "baseline", SMOKE, "--out", str(tmp_path / "run"), "--set", "vcycle=null"]
     assert cli_module.main(argv) == 2
     (line,) = errors(capsys.readouterr().err)
     assert "no space left on the device" in line and "--resume" in line
@@ -264,7 +264,7 @@ def test_nonfinite_weights_are_never_checkpointed(tmp_path, monkeypatch):
 @pytest.mark.parametrize("setting", ["experiment=../../victim", "experiment=.hidden", "experiment=a/b",
                                      "vcycle.tag=../x"])
 def test_run_names_cannot_leave_the_root(tmp_path, setting):
-    done = cli("vcycle", SMOKE, "--root", tmp_path / "root", "--set", setting)
+    done = cli("run", "--method", "vcycle", SMOKE, "--root", tmp_path / "root", "--set", setting)
     assert done.returncode == 2 and len(errors(done.stderr)) == 1
     assert not any(tmp_path.rglob("metrics.jsonl"))
 
@@ -285,14 +285,14 @@ def test_default_runs_go_to_runs_and_overwrite_spares_committed_files(tmp_path):
     committed.mkdir(parents=True)
     (committed / "summary.json").write_text("{}")
     subprocess.run(["git", "-C", str(tmp_path), "add", "."], check=True)
-    done = cli("train", SMOKE, "--set", "train.steps=4", "--set", "vcycle=null", cwd=tmp_path)
+    done = cli("run", "--method", "baseline", SMOKE, "--set", "train.steps=4", "--set", "vcycle=null", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     mine = tmp_path / "runs" / "gpt2_smoke" / "baseline-seed0"
     rows = (mine / "metrics.jsonl").read_text()
-    again = cli("train", SMOKE, "--set", "train.steps=4", "--set", "vcycle=null", cwd=tmp_path)
+    again = cli("run", "--method", "baseline", SMOKE, "--set", "train.steps=4", "--set", "vcycle=null", cwd=tmp_path)
     assert again.returncode == 0 and "reusing runs/gpt2_smoke/baseline-seed0 (finished, same config" in again.stdout
     assert (mine / "metrics.jsonl").read_text() == rows  # reported, not trained again
-    refused = cli("train", SMOKE, "--root", "results", "--overwrite", cwd=tmp_path)
+    refused = cli("run", "--method", "baseline", SMOKE, "--root", "results", "--overwrite", cwd=tmp_path)
     assert refused.returncode == 2 and "--overwrite refuses" in refused.stderr and "nothing was deleted" in refused.stderr
     assert (committed / "summary.json").read_text() == "{}"
 
@@ -331,7 +331,7 @@ BAD = [
 def test_bad_config_values_are_one_line_before_anything_is_written(tmp_path, setting, message, capsys):
     from mlresearch.cli import main
 
-    assert main(["train", SMOKE, "--out", str(tmp_path / "run"), "--set", setting]) == 2
+    assert main(["run", "--method", "baseline", SMOKE, "--out", str(tmp_path / "run"), "--set", setting]) == 2
     (line,) = errors(capsys.readouterr().err)
     assert line.startswith("mlresearch: error:") and message in line
     assert not (tmp_path / "run").exists()
@@ -358,7 +358,7 @@ def test_scheme_files_take_integers_only(tmp_path, text, capsys):
 def test_output_and_input_paths_are_one_line_errors(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     cases = [
-        ("train", SMOKE, "--out", tmp_path / "file"),  # --out names a file
+        ("run", "--method", "baseline", SMOKE, "--out", tmp_path / "file"),  # --out names a file
         ("new", "gpt2", "--out", tmp_path / "file" / "m", "--layers", 2, "--heads", 2, "--hidden", 8),
         ("similarity", "--run", tmp_path / "nothing", "--out", tmp_path / "s"),
         ("downstream", tmp_path / "nothing"),
@@ -373,10 +373,10 @@ def test_output_and_input_paths_are_one_line_errors(tmp_path, capsys):
 
 def test_a_truncated_state_is_one_line(tmp_path):
     out = tmp_path / "run"
-    assert cli("train", SMOKE, "--out", out, fault="step:baseline:6").returncode == -signal.SIGKILL
+    assert cli("run", "--method", "baseline", SMOKE, "--out", out, fault="step:baseline:6").returncode == -signal.SIGKILL
     state = out / "checkpoints" / "baseline" / "state.safetensors"
     state.write_bytes(state.read_bytes()[:100])
-    done = cli("train", SMOKE, "--out", out, "--resume")
+    done = cli("run", "--method", "baseline", SMOKE, "--out", out, "--resume")
     (line,) = errors(done.stderr)
     assert done.returncode == 2 and "unreadable" in line
 
@@ -384,7 +384,7 @@ def test_a_truncated_state_is_one_line(tmp_path):
 def test_ctrl_c_says_how_to_resume(tmp_path):
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "mlresearch.cli", "train", SMOKE, "--out", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "mlresearch.cli", "run", "--method", "baseline", SMOKE, "--out", str(out),
                              "--set", "train.steps=100000", "--set", "vcycle=null"], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             # as from a terminal: a shell's background job (`cmd &`) would pass SIGINT on ignored
@@ -400,7 +400,7 @@ def test_ctrl_c_says_how_to_resume(tmp_path):
         proc.kill()
     assert proc.returncode == 130
     assert err.strip().splitlines()[-1].startswith("mlresearch: interrupted; checkpoints are kept: continue with "
-                                                   "`mlresearch train")
+                                                   "`mlresearch run")
     assert "--resume`" in err
 
 

@@ -161,7 +161,7 @@ def fake_run(path: Path, **extra_files: str) -> Path:
 def test_overwrite_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
     mine = tmp_path / "work"
     before = users_folder(mine)
-    assert main(["train", SMOKE, "--out", str(mine), "--overwrite"]) == 2
+    assert main(["run", "--method", "baseline", SMOKE, "--out", str(mine), "--overwrite"]) == 2
     line = one_error(capsys)
     assert "--overwrite refuses" in line and str(mine) in line and "not a run directory" in line
     assert snapshot(mine) == before
@@ -198,7 +198,7 @@ def test_overwrite_fails_closed_when_git_cannot_answer(tmp_path, monkeypatch, ca
     with pytest.raises(OverwriteRefused, match="git could not be asked"):
         check_overwrite(run, RUN)
     monkeypatch.undo()
-    assert main(["train", SMOKE, "--out", str(run), "--overwrite"]) == 2
+    assert main(["run", "--method", "baseline", SMOKE, "--out", str(run), "--overwrite"]) == 2
     assert "git could not say" in one_error(capsys)
     assert snapshot(run) == before
 
@@ -215,7 +215,7 @@ def test_overwrite_spares_tracked_files_of_a_marked_run(tmp_path):
 
 def test_overwrite_of_a_real_run_starts_it_over(tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["train", SMOKE, "--set", "train.steps=2", "--set", "vcycle=null", "--out", str(out)]
+    argv = ["run", "--method", "baseline", SMOKE, "--set", "train.steps=2", "--set", "vcycle=null", "--out", str(out)]
     assert main(argv) == 0
     rows = untimed(out)
     (out / "metrics.jsonl").write_text("")
@@ -226,11 +226,11 @@ def test_overwrite_of_a_real_run_starts_it_over(tmp_path, capsys):
 def test_resume_continues_only_a_run(tmp_path, capsys):
     mine = tmp_path / "work"
     before = users_folder(mine)
-    assert main(["train", SMOKE, "--out", str(mine), "--resume"]) == 2
+    assert main(["run", "--method", "baseline", SMOKE, "--out", str(mine), "--resume"]) == 2
     line = one_error(capsys)
     assert "--resume refuses" in line and "not a run directory" in line
     assert snapshot(mine) == before
-    assert main(["train", SMOKE, "--out", str(tmp_path / "new"), "--resume", "--overwrite"]) == 2
+    assert main(["run", "--method", "baseline", SMOKE, "--out", str(tmp_path / "new"), "--resume", "--overwrite"]) == 2
     assert "give one of them" in one_error(capsys)
     started = tmp_path / "started"  # killed before its provenance was written: still a run
     (started / "checkpoints").mkdir(parents=True)
@@ -353,7 +353,7 @@ def test_committed_runs_record_the_corpora_they_trained_on():
 
 def test_a_run_records_the_data_it_loaded(tmp_path):
     out = tmp_path / "run"
-    assert main(["train", SMOKE, "--set", "train.steps=2", "--set", "vcycle=null", "--out", str(out)]) == 0
+    assert main(["run", "--method", "baseline", SMOKE, "--set", "train.steps=2", "--set", "vcycle=null", "--out", str(out)]) == 0
     recorded = json.loads((out / "provenance.json").read_text())["data"]
     assert recorded == json.loads((out / "summary.json").read_text())["data"] and recorded["source"] == "bible+first60"
 
@@ -392,7 +392,7 @@ def test_a_key_given_twice_is_refused_in_every_file_we_read(tmp_path, capsys):
     with pytest.raises(SchemeError, match="'width_scheme' appears twice"):
         Scheme.from_json(scheme)
     out = tmp_path / "run"
-    assert main(["train", str(config), "--out", str(out)]) == 2
+    assert main(["run", "--method", "baseline", str(config), "--out", str(out)]) == 2
     assert "twice.yaml" in one_error(capsys) and not out.exists()
 
 
@@ -407,7 +407,7 @@ def test_model_options_and_backends_are_checked_before_the_run_directory_exists(
     import re
 
     out = tmp_path / "run"
-    assert main(["train", SMOKE, "--set", setting, "--set", "vcycle=null", "--out", str(out)]) == 2
+    assert main(["run", "--method", "baseline", SMOKE, "--set", setting, "--set", "vcycle=null", "--out", str(out)]) == 2
     assert re.search(message, one_error(capsys)) and not out.exists()
 
 
@@ -444,7 +444,7 @@ def local_corpus(tmp_path):
 
 def test_prepared_data_is_checked_and_never_created_by_a_run(tmp_path, capsys, local_corpus):
     prepared, out = tmp_path / "prepared", tmp_path / "run"
-    run = ["train", SMOKE, *local_corpus, "--set", "train.steps=2", "--set", f"data.prepared_dir={prepared}",
+    run = ["run", "--method", "baseline", SMOKE, *local_corpus, "--set", "train.steps=2", "--set", f"data.prepared_dir={prepared}",
            "--out", str(out)]
     assert main(run) == 2  # a data.prepared_dir that holds nothing is not silently created
     assert "holds no prepared data" in one_error(capsys) and not prepared.exists() and not out.exists()
@@ -482,7 +482,7 @@ def test_table_refuses_a_results_folder_that_does_not_exist(tmp_path, capsys):
 
 def test_an_over_long_name_leaves_no_parents(tmp_path, capsys):
     out = tmp_path / "a" / "b" / ("x" * 250)
-    assert main(["train", SMOKE, "--out", str(out)]) == 2
+    assert main(["run", "--method", "baseline", SMOKE, "--out", str(out)]) == 2
     assert "longer than" in one_error(capsys) and not (tmp_path / "a").exists()
     assert main(["new", "gpt2", "--layers", "1", "--heads", "2", "--hidden", "8", "--out", str(out)]) == 2
     assert "longer than" in one_error(capsys) and not (tmp_path / "a").exists()
@@ -554,7 +554,7 @@ def test_a_full_disk_names_the_file_says_nothing_was_lost_and_how_to_resume(tmp_
     import transformers.modeling_utils
 
     out = tmp_path / "run"
-    argv = ["train", SMOKE, "--set", "train.steps=2", "--set", "vcycle=null", "--out", str(out)]
+    argv = ["run", "--method", "baseline", SMOKE, "--set", "train.steps=2", "--set", "vcycle=null", "--out", str(out)]
 
     def full(*args, **kwargs):
         raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
@@ -586,7 +586,7 @@ def test_a_malformed_study_spec_names_the_key(tmp_path, text, message):
 
 
 def test_bad_seeds_and_a_model_that_cannot_read_the_probe_are_named(tmp_path, capsys):
-    assert main(["train", SMOKE, "--set", "seed=-1", "--out", str(tmp_path / "r")]) == 2
+    assert main(["run", "--method", "baseline", SMOKE, "--set", "seed=-1", "--out", str(tmp_path / "r")]) == 2
     assert "seed must be a non-negative integer" in one_error(capsys)
     small_vocab = save_model(FACTORIES["gpt2"](), tmp_path / "m")  # 97 tokens; the smoke tokenizer has 512
     assert main(["similarity", "--model", str(small_vocab), "--data", SMOKE, "--out", str(tmp_path / "s")]) == 2
@@ -615,7 +615,7 @@ def test_damaged_run_records_are_named(tmp_path, capsys):
     assert main(["table", "--results", str(tmp_path)]) == 2
     assert "run summary" in (line := one_error(capsys)) and "vcycle-seed0/summary.json is not valid JSON" in line
     (base / "config.yaml").write_text("x: [")
-    assert main(["train", SMOKE, "--out", str(base), "--resume"]) == 2
+    assert main(["run", "--method", "baseline", SMOKE, "--out", str(base), "--resume"]) == 2
     assert "baseline-seed0/config.yaml is not valid YAML" in one_error(capsys)
 
 

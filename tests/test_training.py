@@ -156,7 +156,7 @@ def test_two_process_run_matches_one_process(tmp_path):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     assert torchrun, "torchrun ships with torch"
     config = str(CONFIGS / "gpt2_smoke.yaml")
-    one = _cli(["train", config, "--out", str(tmp_path / "one"), "--set", "train.steps=6", "--set", "vcycle=null"])
+    one = _cli(["run", "--method", "baseline", config, "--out", str(tmp_path / "one"), "--set", "train.steps=6", "--set", "vcycle=null"])
     assert one.returncode == 0, one.stderr[-2000:]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     # Two processes, each accumulating its 4 examples in 2 micro-batches (gradients synchronised once a step).
@@ -185,7 +185,7 @@ def test_fsdp_two_process_vcycle_matches_one_process(tmp_path):
     config = str(CONFIGS / "gpt2_smoke.yaml")
     common = ["--set", "vcycle.optimizer=carry", "--set", "train.checkpoint_every=3"]
     fsdp_args = ["--set", "train.fsdp=true", "--set", "train.micro_batch_size=2"]  # 2 micro-batches a process
-    one = _cli(["vcycle", config, "--out", str(tmp_path / "one"), *common])
+    one = _cli(["run", "--method", "vcycle", config, "--out", str(tmp_path / "one"), *common])
     assert one.returncode == 0, one.stderr[-2000:]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     two = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29534", "-m", "mlresearch.cli", "vcycle",
@@ -208,7 +208,7 @@ def test_fsdp_two_process_vcycle_matches_one_process(tmp_path):
         tmp_path / "one" / "checkpoints" / "small" / "model").state_dict().keys()
     # Killed in the up-phase after its step-3 checkpoint (whole model, gathered moments): resuming
     # re-shards them and continues to the uninterrupted run's rows.
-    fsdp = [torchrun, "--nproc_per_node", "2", "--master_port", "29535", "-m", "mlresearch.cli", "vcycle", config,
+    fsdp = [torchrun, "--nproc_per_node", "2", "--master_port", "29535", "-m", "mlresearch.cli", "run", "--method", "vcycle", config,
             "--out", str(tmp_path / "killed"), *common, *fsdp_args]
     killed = subprocess.run(fsdp, env=dict(env, MLRESEARCH_FAULT="step:up1:5"), capture_output=True, text=True,
                             cwd=REPO, timeout=300)
