@@ -163,6 +163,18 @@ def test_identity_up_path_starts_the_up_phase_at_the_small_models_loss(tmp_path)
     assert event["decoalesced_val_loss"] == pytest.approx(small_last["val_loss"], abs=1e-5)
 
 
+def test_alpha_is_read_once_into_one_typed_choice():
+    from mlresearch.training.methods.vcycle import Alpha
+
+    assert Alpha.parse(0) == Alpha("fixed", weight=0.0) and Alpha.parse(0.25) == Alpha("fixed", weight=0.25)
+    assert Alpha.parse("adaptive") == Alpha("adaptive", norms="tensor")
+    assert Alpha.parse("adaptive-row") == Alpha("adaptive", norms="row")
+    assert Alpha.parse("search") == Alpha("search")
+    for bad in (-0.1, 1.01, "0.5", None, False):
+        with pytest.raises(ConfigError, match="vcycle.alpha"):
+            Alpha.parse(bad)
+
+
 @pytest.mark.parametrize("mode", ["adaptive", "adaptive-row"])
 def test_adaptive_alpha_logs_the_rescaling_it_applied_and_merges_half_and_half(tmp_path, mode):
     import torch

@@ -288,6 +288,8 @@ def test_the_vcycle_section_is_checked_only_for_methods_that_read_it():
     (lambda r: r["model"].update(heads=4, hidden=30), "not divisible"),
     (lambda r: r["vcycle"].update(up_steps=[2, 2]), "one entry per level"),
     (lambda r: r["vcycle"].update(alpha=1.5), r"\[0, 1\]"),
+    (lambda r: r["vcycle"].update(alpha="adaptive-col"), r"or one of 'adaptive', 'adaptive-row', 'search', got 'adaptive-col'"),
+    (lambda r: r["vcycle"].update(alpha=True), r"\[0, 1\], got True"),
     (lambda r: r["vcycle"].update(optimizer="keep"), "reset' or 'carry"),
     (lambda r: r.update(task="seq2seq"), "task must be one of"),
     (lambda r: r["model"].update(family="bert"), "task causal_lm trains"),

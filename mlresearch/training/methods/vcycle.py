@@ -22,6 +22,31 @@ from ..phase import Phase
 from .base import Context, Method, Plan, State, Step, name_part, register, transition
 
 
+@dataclass(frozen=True)
+class Alpha:
+    """``vcycle.alpha`` read once, by the validator and by the merge alike: a fixed weight on the
+    de-coalesced model, ``adaptive`` (the partner's tensors scaled to the model's norms, then 0.5 / 0.5;
+    ``adaptive-row`` per output row), or ``search`` (the grid's best on the tuning split)."""
+
+    mode: str  # fixed | adaptive | search
+    weight: float | None = None  # fixed: (1 - weight) partner + weight model
+    norms: str | None = None  # adaptive: whose norms are matched, per "tensor" or per "row"
+
+    NAMED = {"adaptive": ("adaptive", "tensor"), "adaptive-row": ("adaptive", "row"), "search": ("search", None)}
+
+    @classmethod
+    def parse(cls, value: Any) -> "Alpha":
+        if isinstance(value, str):
+            if value not in cls.NAMED:
+                raise ConfigError(f"vcycle.alpha must be a number in [0, 1] or one of {', '.join(map(repr, cls.NAMED))}, "
+                                  f"got {value!r}")
+            mode, norms = cls.NAMED[value]
+            return cls(mode, norms=norms)
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value <= 1):
+            raise ConfigError(f"vcycle.alpha must lie in [0, 1], got {value!r}")
+        return cls("fixed", weight=float(value))
+
+
 @method_settings("vcycle")
 @dataclass
 class VCycleSettings(MethodSettings):
@@ -90,16 +115,9 @@ class VCycleSettings(MethodSettings):
         number(v.tie_break, "vcycle.tie_break", 0)
         if v.optimizer not in ("reset", "carry"):
             raise ConfigError(f"vcycle.optimizer must be 'reset' or 'carry', got {v.optimizer!r}")
-        alpha = v.alpha
-        if isinstance(alpha, str):
-            if alpha not in ("adaptive", "adaptive-row", "search"):
-                raise ConfigError(f"vcycle.alpha must be a number in [0, 1], 'adaptive', 'adaptive-row' or 'search', "
-                                  f"got {alpha!r}")
-            if alpha == "search" and not cfg.data.tune_fraction:
-                raise ConfigError("vcycle.alpha: search chooses alpha on a tuning split held out of training and of the "
-                                  "validation split; set data.tune_fraction > 0 (e.g. 0.02)")
-        elif isinstance(alpha, bool) or not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
-            raise ConfigError(f"vcycle.alpha must lie in [0, 1], got {alpha!r}")
+        if Alpha.parse(v.alpha).mode == "search" and not cfg.data.tune_fraction:
+            raise ConfigError("vcycle.alpha: search chooses alpha on a tuning split held out of training and of the "
+                              "validation split; set data.tune_fraction > 0 (e.g. 0.02)")
         if not isinstance(v.alpha_grid, list) or not v.alpha_grid:
             raise ConfigError(f"vcycle.alpha_grid must be a non-empty list of numbers in [0, 1], got {v.alpha_grid!r}")
         for i, a in enumerate(v.alpha_grid):
@@ -266,14 +284,14 @@ def merge_cost(cfg: RunConfig, step: Step, model) -> tuple[float, int]:
     """Searched alpha: one forward pass of the merged model per grid point over the tuning batches."""
     from ..flops import eval_flops_per_example
 
-    if step.option("alpha") != "search":
+    if Alpha.parse(step.option("alpha")).mode != "search":
         return 0.0, 0
     n = len(step.option("grid")) * _search_examples(cfg, step)
     return n * eval_flops_per_example(model, task_of(cfg.task).seq_len(cfg)), n
 
 
 def merge_check(cfg: RunConfig, step: Step, data) -> None:
-    if step.option("alpha") == "search":
+    if Alpha.parse(step.option("alpha")).mode == "search":
         need, have = _search_examples(cfg, step), len(data.split("tune")[0])
         if have < need:
             raise ConfigError(f"vcycle.search_batches {step.option('batches')} x train.batch_size {cfg.train.batch_size}"
@@ -309,11 +327,10 @@ def merge(run: Context, state: State, step: Step) -> None:
     logs what each ingredient scores on validation."""
     from ..engine import evaluate
 
-    alpha, cfg, k = step.option("alpha"), run.cfg, step.level
+    alpha, cfg, k = Alpha.parse(step.option("alpha")), run.cfg, step.level
     big, partner = state.model, state.partners[k]
-    if alpha == "search":
-        alpha = search_alpha(run, partner, big, step)
-    adaptive = {"adaptive": "tensor", "adaptive-row": "row"}.get(alpha, False) if isinstance(alpha, str) else False
+    weight = search_alpha(run, partner, big, step) if alpha.mode == "search" else alpha.weight
+    adaptive = alpha.norms or False
     if adaptive:
         every = norm_ratios(partner, big).values()
         ratios = sorted(r for r in every if r != float("inf")) or [None]  # zero tensors are left as they are
@@ -321,7 +338,7 @@ def merge(run: Context, state: State, step: Step) -> None:
                        "zero_norm_tensors": sum(r == float("inf") for r in every), "norm_ratio_min": ratios[0],
                        "norm_ratio_median": ratios[len(ratios) // 2], "norm_ratio_max": ratios[-1]})
     merged = run.operator("interpolate", k, lambda: interpolate(
-        partner, big, alpha=None if adaptive else float(alpha), adaptive=adaptive))
+        partner, big, alpha=weight, adaptive=adaptive))
     run.log.write({"event": "interpolated", "level": k,
                    "partner_val_loss": evaluate(partner, run.data, cfg)["val_loss"],
                    "decoalesced_val_loss": evaluate(big, run.data, cfg)["val_loss"],
@@ -394,7 +411,7 @@ def plan(cfg: RunConfig) -> Plan:
     for k in range(K - 1, 0, -1):
         i = K - 1 - k
         merge_options = (("alpha", v.alpha),) + ((("grid", tuple(v.alpha_grid)), ("batches", v.search_batches))
-                                                  if v.alpha == "search" else ())
+                                                  if Alpha.parse(v.alpha).mode == "search" else ())
         items += [Step("decoalesce", k, up), Step("merge", k, merge_options),
                  Step("measure_symmetry", k, (("when", "merged"),)),
                  Phase(f"up{k}", k, v.up_steps[i], lrs[k - 1], v.up_warmup[i] if v.up_warmup else 0,
