@@ -160,7 +160,7 @@ def test_two_process_run_matches_one_process(tmp_path):
     assert one.returncode == 0, one.stderr[-2000:]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     # Two processes, each accumulating its 4 examples in 2 micro-batches (gradients synchronised once a step).
-    two = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29533", "-m", "mlresearch.cli", "train",
+    two = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29533", "-m", "mlresearch.cli", "run", "--method", "baseline",
                           config, "--out", str(tmp_path / "two"), "--set", "train.steps=6", "--set", "vcycle=null",
                           "--set", "train.micro_batch_size=2"],
                          env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
@@ -188,7 +188,7 @@ def test_fsdp_two_process_vcycle_matches_one_process(tmp_path):
     one = _cli(["run", "--method", "vcycle", config, "--out", str(tmp_path / "one"), *common])
     assert one.returncode == 0, one.stderr[-2000:]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    two = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29534", "-m", "mlresearch.cli", "vcycle",
+    two = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29534", "-m", "mlresearch.cli", "run", "--method", "vcycle",
                           config, "--out", str(tmp_path / "two"), *common, *fsdp_args],
                          env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
