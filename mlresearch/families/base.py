@@ -296,10 +296,16 @@ class HFFamily(Family):
         owned = sorted(sizes & set(options))
         if owned:
             return f"{owned} set the model's size: use the model section (layers, heads, hidden, ffn, kv_heads)"
+        # The probe config has the family's default sizes, so transformers may warn about a value that
+        # is fine at the run's own sizes (token ids past a small vocabulary): the probe stays quiet.
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()
         try:  # a key the config consumes (a legacy name such as GPT-NeoX's rotary_pct) is known too
             kept = set(config_cls(**{k: v for k, v in options.items() if k != "attn_implementation"}).to_dict())
         except Exception as exc:  # noqa: BLE001 -- configs raise many types for a bad value
             return f"{self.config_class} refuses {options}: {type(exc).__name__}: {exc}"
+        finally:
+            transformers.logging.set_verbosity(verbosity)
         unknown = sorted(k for k in set(options) - known if k in kept)
         return f"{self.config_class} has no {unknown}" if unknown else None
 
