@@ -22,7 +22,7 @@ import torch
 from mlresearch.data.datasets import batch_indices, load_data, make_batch
 from mlresearch.results import REPO
 from mlresearch.training.config import load_config
-from mlresearch.training.engine import Ledger, MetricsLog, compute_loss, new_optimizer, train_phase
+from mlresearch.training.engine import Ledger, MetricsLog, RunState, compute_loss, new_optimizer, train_phase
 from mlresearch.training.phase import Phase
 from mlresearch.training.models import build_model
 from mlresearch.training.schedules import WarmupDecay
@@ -65,10 +65,10 @@ def main() -> None:
     for _ in range(args.rounds):  # interleaved, so drift hits both alike
         bare.append(bare_loop(copy.deepcopy(model), cfg, batches))
         with tempfile.TemporaryDirectory() as tmp:
-            log = MetricsLog(Path(tmp) / "metrics.jsonl")
+            state = RunState(Ledger(), MetricsLog(Path(tmp) / "metrics.jsonl"))
             tick = time.perf_counter()
             train_phase(copy.deepcopy(model), None, Phase("bench", 1, args.steps, cfg.train.lr, 4), data, cfg,
-                        accelerator, log, Ledger(), Path(tmp) / "ck")
+                        accelerator, state, Path(tmp) / "ck")
             # includes the final 1-batch evaluation and checkpoint every phase ends with
             eng.append(time.perf_counter() - tick)
     b, e = min(bare), min(eng)

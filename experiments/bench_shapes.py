@@ -31,7 +31,7 @@ from mlresearch.results import REPO, provenance
 from mlresearch.study import shape_key
 from mlresearch.study_runner import load_study
 from mlresearch.training.config import ConfigError, load_config
-from mlresearch.training.engine import Ledger, MetricsLog, train_phase
+from mlresearch.training.engine import Ledger, MetricsLog, RunState, train_phase
 from mlresearch.training.phase import Phase
 from mlresearch.training.methods import METHODS, planned_ledger
 from mlresearch.training.models import build_model, data_settings
@@ -66,9 +66,9 @@ def seconds_per_step(cfg, sizes, data, steps: int, warmup: int) -> float:
     model = build_model(cfg, data.vocab_size or None, data.special, sizes=sizes).train()
     with tempfile.TemporaryDirectory() as tmp:
         ledger = Ledger()
-        log = MetricsLog(Path(tmp) / "metrics.jsonl")
+        state = RunState(ledger, MetricsLog(Path(tmp) / "metrics.jsonl"))
         run = lambda n, name: train_phase(model, None, Phase(name, 1, n, cfg.train.lr, min(cfg.train.warmup, n)),  # noqa: E731
-                                          data, cfg, Accelerator(cpu=not torch.cuda.is_available()), log, ledger,
+                                          data, cfg, Accelerator(cpu=not torch.cuda.is_available()), state,
                                           Path(tmp) / "ck")
         model, _ = run(warmup, "warm")
         before = ledger.wall

@@ -152,6 +152,38 @@ def test_existing_run_directory_is_not_overwritten(tmp_path):
 
 
 # ----------------------------------------------------------------------------- distributed
+def test_run_state_parts_save_and_restore_themselves(tmp_path):
+    """A checkpoint's run state gives back the exact ledger, the metrics log's position and the
+    next draws of every random generator; a position past the file's rows is refused."""
+    import random
+
+    from mlresearch.checkpoint import save_state
+    from mlresearch.errors import MLResearchError
+    from mlresearch.training.engine import Ledger, MetricsLog, RunState
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for i in range(3):
+        log.write({"step": i})
+    saved = RunState(Ledger(flops=1.5e12, examples=96, tokens=3072, wall=2.5, data_step=12), log)
+    torch.manual_seed(3), np.random.seed(4), random.seed(5)
+    (tmp_path / "ck").mkdir()
+    save_state(tmp_path / "ck", saved.state_dict())
+    expected = (torch.rand(4), np.random.rand(4), [random.random() for _ in range(4)])
+
+    torch.rand(7), np.random.rand(7), random.random()  # the generators move on; so does the log
+    restored = RunState(Ledger(), MetricsLog(tmp_path / "metrics.jsonl"))
+    restored.log.write({"step": 3})
+    restored.restore(tmp_path / "ck")
+    assert restored.ledger == saved.ledger and restored.ledger is not saved.ledger
+    assert restored.log.count == 3
+    draws = (torch.rand(4), np.random.rand(4), [random.random() for _ in range(4)])
+    assert torch.equal(draws[0], expected[0]) and np.array_equal(draws[1], expected[1]) and draws[2] == expected[2]
+
+    ahead = {**saved.state_dict(), "log_rows": 9}
+    with pytest.raises(MLResearchError, match="has 4 rows but a checkpoint was taken after 9"):
+        RunState(Ledger(), MetricsLog(tmp_path / "metrics.jsonl")).load_state_dict(ahead)
+
+
 def test_two_process_run_matches_one_process(tmp_path):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     assert torchrun, "torchrun ships with torch"

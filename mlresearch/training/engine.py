@@ -18,7 +18,7 @@ import random
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +50,14 @@ class Ledger:
     tokens: int = 0
     wall: float = 0.0
     data_step: int = 0  # global batches drawn so far: phases continue one data stream
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Counters a checkpoint lacks (one written before they existed) keep their values."""
+        for k, v in state.items():
+            setattr(self, k, v)
 
 
 class MetricsLog:
@@ -163,23 +171,54 @@ def evaluate(model: nn.Module, data: Data, cfg: RunConfig, split: str = "val", b
     return out
 
 
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+class RNG:
+    """Every random generator a run draws from (torch, CUDA, NumPy, Python), as one part of its state:
+    after a resume the next draws are the killed run's."""
+
+    def state_dict(self) -> dict:
+        state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(state["torch"])
+        np.random.set_state(state["numpy"])
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+@dataclass
+class RunState:
+    """What a run carries from phase to phase, and every checkpoint saves of it: the FLOPs ledger,
+    the metrics log's position and the random generators. Each part saves and restores itself;
+    :meth:`restore` is the one place a resumed run takes them back. (The model, optimizer, schedule
+    and step are the phase's, restored by :class:`Progress`; what a plan carries between phases,
+    its partners and schedule position, is rebuilt by replaying the plan over finished phases.)"""
+
+    ledger: Ledger
+    log: MetricsLog
+    rng: RNG = field(default_factory=RNG)
+
+    def state_dict(self) -> dict:
+        return {"ledger": self.ledger.state_dict(), "log_rows": self.log.count, "rng": self.rng.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.load_state_dict(state["rng"])
+        self.ledger.load_state_dict(state["ledger"])
+        self.log.resume_at(state["log_rows"])
+
+    def restore(self, ckpt: Path) -> dict:
+        """Take back what the phase checkpoint ``ckpt`` saved of the run; returns the whole
+        checkpoint (its optimizer, scheduler, step and trigger curve, for the phase)."""
+        state = load_state(ckpt)
+        self.load_state_dict(state)
+        return state
 
 
-def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, ledger: Ledger, log_rows: int,
+def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, run: RunState,
                     curve: list | None = None, ended: bool = False) -> None:
     """``curve``: the (FLOPs, validation loss) points a trigger has seen; ``ended``: the phase
     stopped here before its ``steps`` because the trigger fired."""
@@ -187,9 +226,8 @@ def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, ledger: 
         save_model(model, tmp / "model")
         # The LR multipliers themselves are not state: the phase rebuilds them; only the position is kept.
         position = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
-        save_state(tmp, {"optimizer": optimizer.state_dict(), "scheduler": position, "rng": _rng_state(),
-                         "step": step, "ledger": asdict(ledger), "log_rows": log_rows, "curve": curve or [],
-                         "ended": ended})
+        save_state(tmp, {"optimizer": optimizer.state_dict(), "scheduler": position, **run.state_dict(),
+                         "step": step, "curve": curve or [], "ended": ended})
 
 
 def trigger_check(curve: list, threshold: float) -> tuple[float | None, bool]:
@@ -214,8 +252,7 @@ def train_phase(
     data: Data,
     cfg: RunConfig,
     accelerator,
-    log: MetricsLog,
-    ledger: Ledger,
+    run: RunState,
     ckpt_dir: Path,
     resume: bool = False,
     teacher: nn.Module | None = None,
@@ -227,11 +264,11 @@ def train_phase(
     Each step: one optimizer step on the global batch, the ledger charged, then what the step is due
     for: a log row, an evaluation (with the growth trigger, for a phase that has one), a checkpoint
     (with a snapshot, if asked). A resumed phase starts where its checkpoint left off."""
-    t = cfg.train
+    t, ledger, log = cfg.train, run.ledger, run.log
     optimizer, scheduler = _optimizer_and_schedule(model, optimizer, phase, cfg)
     progress = Progress(ckpt_dir / phase.name)
     if resume and state_exists(progress.ckpt):
-        progress.restore(model, optimizer, scheduler, ledger, log)
+        progress.restore(model, optimizer, scheduler, run)
         if accelerator.is_main_process:
             tqdm.write(f"resuming {phase.name} at step {progress.start} of {phase.steps} ({progress.ckpt})",
                        file=sys.stderr)
@@ -285,7 +322,7 @@ def train_phase(
         if fired:
             _log_trigger(phase, row, done, log, accelerator)
         if checkpoint_due or fired:
-            whole, whole_opt = progress.checkpoint(raw, optimizer, scheduler, sharded, done, ledger, log, cfg,
+            whole, whole_opt = progress.checkpoint(raw, optimizer, scheduler, sharded, done, run, cfg,
                                                    accelerator, ckpt_dir, phase, ended=fired)
         fault_point(f"step:{phase.name}:{done}")
         if fired:
@@ -406,18 +443,6 @@ def _log_trigger(phase: Phase, row: dict, done: int, log: MetricsLog, accelerato
                    f"{row['loglog_slope']:.4f} after its steepest point, threshold {phase.trigger})", file=sys.stderr)
 
 
-def restore_run_state(ckpt: Path, ledger: Ledger, log: MetricsLog) -> dict:
-    """The one place a resumed run takes back what a phase's checkpoint saved of the run: the RNG
-    (the next draws are the killed run's), the ledger, and the metrics log's position; returns the
-    checkpoint's state (its optimizer, scheduler, step and trigger curve, for the phase to restore)."""
-    state = load_state(ckpt)
-    set_rng_state(state["rng"])
-    for k, v in state["ledger"].items():
-        setattr(ledger, k, v)
-    log.resume_at(state["log_rows"])
-    return state
-
-
 class Progress:
     """Where a phase stands: the step it starts from, the (FLOPs, validation loss) points its growth
     trigger has seen, its last good checkpoint; restored from, and written to, its checkpoint."""
@@ -426,8 +451,8 @@ class Progress:
         self.ckpt, self.start, self.curve = ckpt, 0, []
         self.last_good = "none (no checkpoint of this phase yet)"
 
-    def restore(self, model, optimizer, scheduler, ledger: Ledger, log: MetricsLog) -> None:
-        state = restore_run_state(self.ckpt, ledger, log)
+    def restore(self, model, optimizer, scheduler, run: RunState) -> None:
+        state = run.restore(self.ckpt)
         model.load_state_dict(load_model(self.ckpt / "model").state_dict())
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict({"lr_lambdas": [None] * len(optimizer.param_groups), **state["scheduler"]})
@@ -443,7 +468,7 @@ class Progress:
         row["loglog_slope"], fired = trigger_check(self.curve, phase.trigger)
         return fired and done < phase.steps
 
-    def checkpoint(self, raw, optimizer, scheduler, sharded, done: int, ledger: Ledger, log: MetricsLog,
+    def checkpoint(self, raw, optimizer, scheduler, sharded, done: int, run: RunState,
                    cfg: RunConfig, accelerator, ckpt_dir: Path, phase: Phase, ended: bool):
         """Write the checkpoint (and a snapshot with ``train.keep_snapshots``); returns the whole
         model and optimizer. Under FSDP every rank gathers them (a collective) into an unsharded
@@ -455,7 +480,7 @@ class Progress:
             raise TrainingDiverged(f"parameters {bad[:3]}{' ...' if len(bad) > 3 else ''} are not finite in phase "
                                    f"{phase.name} after step {done}; stopping. The last good checkpoint is {self.last_good}")
         if accelerator.is_main_process:
-            save_checkpoint(self.ckpt, whole, whole_opt, scheduler, done, ledger, log.count, self.curve, ended=ended)
+            save_checkpoint(self.ckpt, whole, whole_opt, scheduler, done, run, self.curve, ended=ended)
             self.last_good = f"{self.ckpt} (step {done})"
             if cfg.train.keep_snapshots:
                 save_model(whole, ckpt_dir / "snapshots" / f"{phase.name}-{done:07d}", overwrite=True)

@@ -26,7 +26,7 @@ from ..overwrite import RUN, check_is_run, check_overwrite, check_writable_path
 from ..data.datasets import load_data
 from ..results import provenance, write_json
 from .config import SETTINGS, ConfigError, RunConfig, default_value, flatten_config
-from .engine import Ledger, MetricsLog, evaluate, new_optimizer, phase_done, restore_run_state, train_phase
+from .engine import Ledger, MetricsLog, RunState, evaluate, new_optimizer, phase_done, train_phase
 from .methods import METHODS, build_plan, check_plan, execute
 from .phase import Phase
 from .models import build_model, check_model_fits_data, data_settings, parameter_counts
@@ -133,7 +133,7 @@ class Run:
             recover_tree(self.out)  # writes a killed process left half done
         self.accelerator.wait_for_everyone()
         self.ckpt = self.out / "checkpoints"
-        self.log = MetricsLog(self.out / "metrics.jsonl", main)
+        self.state = RunState(Ledger(), MetricsLog(self.out / "metrics.jsonl", main))
         if resume:  # rows past the newest checkpoint are written again as the run replays
             self.log.truncate(_latest_checkpoint_rows(self.ckpt))
         if main:
@@ -148,8 +148,15 @@ class Run:
             write_json(previous, record)
         self.accelerator.wait_for_everyone()
         self.resume = resume
-        self.ledger = Ledger()
         self.phases: list[dict] = []
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.state.ledger
+
+    @property
+    def log(self) -> MetricsLog:
+        return self.state.log
 
     def __enter__(self) -> "Run":
         return self
@@ -169,15 +176,15 @@ class Run:
     def train(self, model, optimizer, phase: Phase, teacher=None):
         start = dict(flops=self.ledger.flops, wall=self.ledger.wall, examples=self.ledger.examples)
         if self.resume and phase_done(self.ckpt, phase):  # as the phase left it: the next one draws the same masks
-            state = restore_run_state(self.ckpt / phase.name, self.ledger, self.log)
+            state = self.state.restore(self.ckpt / phase.name)
             trained = load_model(self.ckpt / phase.name / "model")
             trained.train()
             opt = new_optimizer(trained, self.cfg, phase.lr)  # the next transition keeps or drops it
             opt.load_state_dict(state["optimizer"])
             model, optimizer = trained, opt
         else:
-            model, optimizer = train_phase(model, optimizer, phase, self.data, self.cfg, self.accelerator, self.log,
-                                           self.ledger, self.ckpt, resume=self.resume, teacher=teacher)
+            model, optimizer = train_phase(model, optimizer, phase, self.data, self.cfg, self.accelerator, self.state,
+                                           self.ckpt, resume=self.resume, teacher=teacher)
         steps = state_value(self.ckpt / phase.name, "step")  # fewer than planned where a trigger ended it
         record = {"event": "phase_end", "phase": phase.name, "level": phase.level, "steps": steps,
                   "flops": self.ledger.flops - start["flops"], "wall": self.ledger.wall - start["wall"],
