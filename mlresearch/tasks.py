@@ -17,11 +17,30 @@ from torch import nn
 
 
 @dataclass(frozen=True)
+class TextLayout:
+    """How a text task's token stream is made: the tokenizer trained for it, its special tokens (the
+    vocabulary's first ids, in this order) and the names the data calls them by (``data.special``),
+    the token that ends each document in the stream, and the tokens around each block (none: a
+    block is ``seq_len`` tokens of the stream)."""
+
+    tokenizer: str  # "bpe" (byte-level BPE) or "wordpiece" (lower-cased WordPiece)
+    special: tuple[str, ...]
+    names: tuple[str, ...]
+    end: str
+    wrap: tuple[str, str] | None = None
+
+    def body(self, seq_len: int) -> int:
+        """Tokens of the stream in one block of ``seq_len``."""
+        return seq_len - (2 if self.wrap else 0)
+
+
+@dataclass(frozen=True)
 class Task:
     name: str
     sequences: bool  # examples are token sequences of data.seq_len (FLOPs and tokens count per token)
     accuracy: bool  # evaluation also counts correct predictions (reported as <split>_acc)
     downstream: tuple[str, str]  # (key of downstream.json, label of the study tables' column)
+    text: TextLayout | None = None  # a text task's token stream (None: examples are images)
 
     def seq_len(self, cfg) -> int | None:
         """Tokens per example for the FLOPs count (None: an image, counted per patch by its family)."""
@@ -125,8 +144,11 @@ class ImageClassification(Task):
 
 
 TASKS: dict[str, Task] = {
-    "causal_lm": CausalLM("causal_lm", sequences=True, accuracy=False, downstream=("perplexity", "zero-shot ppl")),
-    "masked_lm": MaskedLM("masked_lm", sequences=True, accuracy=False, downstream=("accuracy", "BBC topic acc")),
+    "causal_lm": CausalLM("causal_lm", sequences=True, accuracy=False, downstream=("perplexity", "zero-shot ppl"),
+                          text=TextLayout("bpe", ("<|endoftext|>",), ("eos",), end="eos")),
+    "masked_lm": MaskedLM("masked_lm", sequences=True, accuracy=False, downstream=("accuracy", "BBC topic acc"),
+                          text=TextLayout("wordpiece", ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"),
+                                          ("pad", "unk", "cls", "sep", "mask"), end="sep", wrap=("cls", "sep"))),
     "image_cls": ImageClassification("image_cls", sequences=False, accuracy=True,
                                      downstream=("accuracy", "test top-1")),
 }

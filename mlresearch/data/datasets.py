@@ -19,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..tasks import TASKS, task_of
 from . import corpora, fractals, glyphs
 from .prepare import data_fingerprint, document_dataset, is_prepared, open_prepared, prepare_text, prepared_dir
 from .text import DataError, named_documents, special_ids, split_indices, text_fractions, text_tokenizer
@@ -238,11 +239,11 @@ def load_images(cfg: dict, seed: int, size: int = 28) -> Data:
 
 
 def load_data(task: str, cfg: dict, seed: int) -> Data:
-    if task in ("causal_lm", "masked_lm"):
+    if task not in TASKS:
+        raise DataError(f"unknown task {task!r}; known: {sorted(TASKS)}")
+    if TASKS[task].text is not None:
         return load_text(task, cfg, seed)
-    if task == "image_cls":
-        return load_images(cfg, seed, image_side(cfg))
-    raise DataError(f"unknown task {task!r}")
+    return load_images(cfg, seed, image_side(cfg))
 
 
 @lru_cache(maxsize=64)
@@ -307,6 +308,4 @@ def feistel_permutation(positions: np.ndarray, n: int, seed: int, epoch: int, ro
 def make_batch(data: Data, split: str, idx: np.ndarray, step: int, seed: int, part: tuple[int, int] = (0, 1)) -> dict:
     """Model inputs for examples ``idx`` of ``split`` (rows ``rank::world`` of the step's batch,
     ``part`` = (rank, world)), as the run's task draws them."""
-    from ..tasks import task_of
-
     return task_of(data.task).batch(data, split, idx, step, seed, part)

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import file_sha256
+from ..tasks import task_of
 from .text import DataError, cache_dir, local_dataset, named_documents, special_ids, split_indices, text_fractions, \
     text_tokenizer
 
@@ -87,7 +88,7 @@ def prepare_text(task: str, cfg: dict, seed: int, num_proc: int = 1, out: Path |
     train_docs = ds.select(parts["train"])
     tok = text_tokenizer(task, int(cfg.get("vocab_size", 8192)), _texts(train_docs), key, gpt2)
     special = special_ids(task, tok)
-    end = special["eos" if task == "causal_lm" else "sep"]  # what ends each document in the stream
+    end = special[task_of(task).text.end]  # what ends each document in the stream
     vocab = tok.get_vocab_size()
     dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -214,7 +215,8 @@ class TokenBlocks:
 
     def __init__(self, path: Path, dtype: str, tokens: int, seq_len: int, task: str, special: dict) -> None:
         self.path, self.dtype, self.task, self.special = Path(path), np.dtype(dtype), task, special
-        self.body = seq_len if task == "causal_lm" else seq_len - 2
+        self.wrap = task_of(task).text.wrap
+        self.body = task_of(task).text.body(seq_len)
         n = tokens // self.body
         if n == 0:
             raise DataError(f"a split has {tokens} tokens, fewer than one block of {self.body}")
@@ -232,10 +234,10 @@ class TokenBlocks:
         mm = np.memmap(self.path, dtype=self.dtype, mode="r")  # mapped for this read only
         out = mm[rows[:, None] * self.body + np.arange(self.body)].astype(np.int64)
         del mm
-        if self.task != "causal_lm":
-            n = len(rows)
-            out = np.concatenate([np.full((n, 1), self.special["cls"], np.int64), out,
-                                  np.full((n, 1), self.special["sep"], np.int64)], axis=1)
+        if self.wrap:
+            n, (before, after) = len(rows), self.wrap
+            out = np.concatenate([np.full((n, 1), self.special[before], np.int64), out,
+                                  np.full((n, 1), self.special[after], np.int64)], axis=1)
         return out[0] if single else out
 
     def __array__(self, dtype=None, copy=None):

@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MLResearchError
+from ..tasks import task_of
 from . import corpora
-
-SPECIAL = {"causal_lm": ["<|endoftext|>"], "masked_lm": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]}
 
 
 class DataError(MLResearchError, ValueError):
@@ -72,13 +71,15 @@ def text_tokenizer(task: str, vocab_size: int, train_docs: list[str], key: str, 
     path = cache_dir() / f"tokenizer-{key}.json"
     if path.exists():
         return Tokenizer.from_file(str(path))
-    if task == "causal_lm":
+    layout = task_of(task).text
+    special = list(layout.special)
+    if layout.tokenizer == "bpe":
         tok = ByteLevelBPETokenizer()
-        tok.train_from_iterator(train_docs, vocab_size=vocab_size, special_tokens=SPECIAL[task], show_progress=False)
+        tok.train_from_iterator(train_docs, vocab_size=vocab_size, special_tokens=special, show_progress=False)
     else:
         tok = BertWordPieceTokenizer(lowercase=True)
-        tok.train_from_iterator(train_docs, vocab_size=vocab_size, special_tokens=SPECIAL[task], show_progress=False)
-        tok = canonical_ids(tok, SPECIAL[task])
+        tok.train_from_iterator(train_docs, vocab_size=vocab_size, special_tokens=special, show_progress=False)
+        tok = canonical_ids(tok, special)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tok.save(str(tmp))
@@ -112,10 +113,10 @@ def text_fractions(cfg: dict) -> tuple[float, float, float]:
 
 
 def special_ids(task: str, tok) -> dict[str, int]:
-    """The task's special tokens' ids in ``tok`` (causal LM: ``eos``; masked LM: pad, unk, cls, sep, mask)."""
-    if task == "causal_lm":
-        return {"eos": tok.token_to_id("<|endoftext|>")}
-    return {k.strip("[]").lower(): tok.token_to_id(k) for k in SPECIAL[task]}
+    """The task's special tokens' ids in ``tok``, by the names the data calls them (causal LM: ``eos``;
+    masked LM: pad, unk, cls, sep, mask)."""
+    layout = task_of(task).text
+    return {name: tok.token_to_id(token) for name, token in zip(layout.names, layout.special)}
 
 
 def local_dataset(path: str, field: str = "text"):
