@@ -218,7 +218,7 @@ class RunState:
         return state
 
 
-def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, run: RunState,
+def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, run_state: RunState,
                     curve: list | None = None, ended: bool = False) -> None:
     """``curve``: the (FLOPs, validation loss) points a trigger has seen; ``ended``: the phase
     stopped here before its ``steps`` because the trigger fired."""
@@ -226,7 +226,7 @@ def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, run: Run
         save_model(model, tmp / "model")
         # The LR multipliers themselves are not state: the phase rebuilds them; only the position is kept.
         position = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
-        save_state(tmp, {"optimizer": optimizer.state_dict(), "scheduler": position, **run.state_dict(),
+        save_state(tmp, {"optimizer": optimizer.state_dict(), "scheduler": position, **run_state.state_dict(),
                          "step": step, "curve": curve or [], "ended": ended})
 
 
@@ -252,7 +252,7 @@ def train_phase(
     data: Data,
     cfg: RunConfig,
     accelerator,
-    run: RunState,
+    run_state: RunState,
     ckpt_dir: Path,
     resume: bool = False,
     teacher: nn.Module | None = None,
@@ -264,11 +264,11 @@ def train_phase(
     Each step: one optimizer step on the global batch, the ledger charged, then what the step is due
     for: a log row, an evaluation (with the growth trigger, for a phase that has one), a checkpoint
     (with a snapshot, if asked). A resumed phase starts where its checkpoint left off."""
-    t, ledger, log = cfg.train, run.ledger, run.log
+    t, ledger, log = cfg.train, run_state.ledger, run_state.log
     optimizer, scheduler = _optimizer_and_schedule(model, optimizer, phase, cfg)
     progress = Progress(ckpt_dir / phase.name)
     if resume and state_exists(progress.ckpt):
-        progress.restore(model, optimizer, scheduler, run)
+        progress.restore(model, optimizer, scheduler, run_state)
         if accelerator.is_main_process:
             tqdm.write(f"resuming {phase.name} at step {progress.start} of {phase.steps} ({progress.ckpt})",
                        file=sys.stderr)
@@ -322,7 +322,7 @@ def train_phase(
         if fired:
             _log_trigger(phase, row, done, log, accelerator)
         if checkpoint_due or fired:
-            whole, whole_opt = progress.checkpoint(raw, optimizer, scheduler, sharded, done, run, cfg,
+            whole, whole_opt = progress.checkpoint(raw, optimizer, scheduler, sharded, done, run_state, cfg,
                                                    accelerator, ckpt_dir, phase, ended=fired)
         fault_point(f"step:{phase.name}:{done}")
         if fired:
@@ -451,8 +451,8 @@ class Progress:
         self.ckpt, self.start, self.curve = ckpt, 0, []
         self.last_good = "none (no checkpoint of this phase yet)"
 
-    def restore(self, model, optimizer, scheduler, run: RunState) -> None:
-        state = run.restore(self.ckpt)
+    def restore(self, model, optimizer, scheduler, run_state: RunState) -> None:
+        state = run_state.restore(self.ckpt)
         model.load_state_dict(load_model(self.ckpt / "model").state_dict())
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict({"lr_lambdas": [None] * len(optimizer.param_groups), **state["scheduler"]})
@@ -468,7 +468,7 @@ class Progress:
         row["loglog_slope"], fired = trigger_check(self.curve, phase.trigger)
         return fired and done < phase.steps
 
-    def checkpoint(self, raw, optimizer, scheduler, sharded, done: int, run: RunState,
+    def checkpoint(self, raw, optimizer, scheduler, sharded, done: int, run_state: RunState,
                    cfg: RunConfig, accelerator, ckpt_dir: Path, phase: Phase, ended: bool):
         """Write the checkpoint (and a snapshot with ``train.keep_snapshots``); returns the whole
         model and optimizer. Under FSDP every rank gathers them (a collective) into an unsharded
@@ -480,7 +480,7 @@ class Progress:
             raise TrainingDiverged(f"parameters {bad[:3]}{' ...' if len(bad) > 3 else ''} are not finite in phase "
                                    f"{phase.name} after step {done}; stopping. The last good checkpoint is {self.last_good}")
         if accelerator.is_main_process:
-            save_checkpoint(self.ckpt, whole, whole_opt, scheduler, done, run, self.curve, ended=ended)
+            save_checkpoint(self.ckpt, whole, whole_opt, scheduler, done, run_state, self.curve, ended=ended)
             self.last_good = f"{self.ckpt} (step {done})"
             if cfg.train.keep_snapshots:
                 save_model(whole, ckpt_dir / "snapshots" / f"{phase.name}-{done:07d}", overwrite=True)
