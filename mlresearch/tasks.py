@@ -31,7 +31,7 @@ class TextLayout:
 
     def body(self, seq_len: int) -> int:
         """Tokens of the stream in one block of ``seq_len``."""
-        return seq_len - (2 if self.wrap else 0)
+        return seq_len - len(self.wrap or ())
 
 
 @dataclass(frozen=True)

@@ -267,22 +267,23 @@ def test_a_masked_lm_tokenizer_trained_twice_gives_every_token_the_same_id(tmp_p
     from mlresearch.tasks import task_of
 
     docs = corpora.TEXT_CORPORA["bible"]()[:400]
+    special = list(task_of("masked_lm").text.special)
     vocabs = []
     for i in range(3):
         monkeypatch.setenv("MLRESEARCH_CACHE", str(tmp_path / f"cache{i}"))
         tok = text_tokenizer("masked_lm", 400, docs, "k", gpt2_vocab=False)
         vocabs.append(json_module.loads(tok.to_str())["model"]["vocab"])
     assert vocabs[0] == vocabs[1] == vocabs[2]
-    assert [vocabs[0][t] for t in list(task_of("masked_lm").text.special)] == [0, 1, 2, 3, 4]  # the special ids the task uses
+    assert [vocabs[0][t] for t in special] == [0, 1, 2, 3, 4]  # the special ids the task uses
     # tokenizing is unchanged: the same pieces as the trainer's own tokenizer, only their ids renumbered
     from tokenizers.implementations import BertWordPieceTokenizer
 
     from mlresearch.data.text import canonical_ids
 
     raw = BertWordPieceTokenizer(lowercase=True)
-    raw.train_from_iterator(docs, vocab_size=400, special_tokens=list(task_of("masked_lm").text.special), show_progress=False)
+    raw.train_from_iterator(docs, vocab_size=400, special_tokens=special, show_progress=False)
     text = " ".join(docs[400:420])
-    assert canonical_ids(raw, list(task_of("masked_lm").text.special)).encode(text).tokens == raw.encode(text).tokens
+    assert canonical_ids(raw, special).encode(text).tokens == raw.encode(text).tokens
 
 
 # ----------------------------------------------------------------------------- the fractal image set

@@ -151,7 +151,6 @@ def test_existing_run_directory_is_not_overwritten(tmp_path):
     run_method(smoke("gpt2", "train.steps=4", "vcycle=null"), "baseline", tmp_path / "empty")  # an empty directory is used
 
 
-# ----------------------------------------------------------------------------- distributed
 def test_run_state_parts_save_and_restore_themselves(tmp_path):
     """A checkpoint's run state gives back the exact ledger, the metrics log's position and the
     next draws of every random generator; a position past the file's rows is refused."""
@@ -184,6 +183,7 @@ def test_run_state_parts_save_and_restore_themselves(tmp_path):
         RunState(Ledger(), MetricsLog(tmp_path / "metrics.jsonl")).load_state_dict(ahead)
 
 
+# ----------------------------------------------------------------------------- distributed
 def test_two_process_run_matches_one_process(tmp_path):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     assert torchrun, "torchrun ships with torch"

@@ -214,9 +214,9 @@ class TokenBlocks:
     [CLS] and [SEP]. The tail shorter than a block is dropped."""
 
     def __init__(self, path: Path, dtype: str, tokens: int, seq_len: int, task: str, special: dict) -> None:
-        self.path, self.dtype, self.task, self.special = Path(path), np.dtype(dtype), task, special
-        self.wrap = task_of(task).text.wrap
-        self.body = task_of(task).text.body(seq_len)
+        layout = task_of(task).text
+        self.path, self.dtype, self.special, self.wrap = Path(path), np.dtype(dtype), special, layout.wrap
+        self.body = layout.body(seq_len)
         n = tokens // self.body
         if n == 0:
             raise DataError(f"a split has {tokens} tokens, fewer than one block of {self.body}")

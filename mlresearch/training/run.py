@@ -176,11 +176,11 @@ class Run:
     def train(self, model, optimizer, phase: Phase, teacher=None):
         start = dict(flops=self.ledger.flops, wall=self.ledger.wall, examples=self.ledger.examples)
         if self.resume and phase_done(self.ckpt, phase):  # as the phase left it: the next one draws the same masks
-            state = self.state.restore(self.ckpt / phase.name)
+            saved = self.state.restore(self.ckpt / phase.name)
             trained = load_model(self.ckpt / phase.name / "model")
             trained.train()
             opt = new_optimizer(trained, self.cfg, phase.lr)  # the next transition keeps or drops it
-            opt.load_state_dict(state["optimizer"])
+            opt.load_state_dict(saved["optimizer"])
             model, optimizer = trained, opt
         else:
             model, optimizer = train_phase(model, optimizer, phase, self.data, self.cfg, self.accelerator, self.state,
