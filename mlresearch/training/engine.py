@@ -27,7 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from ..checkpoint import (atomic_dir, atomic_write_text, load_model, load_state, save_model, save_state,
-                          state_exists, state_value)
+                          state_exists)
 from ..data.datasets import Data, batch_indices, make_batch
 from ..errors import MLResearchError
 from ..faults import fault_point
@@ -258,17 +258,20 @@ def train_phase(
     teacher: nn.Module | None = None,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Train ``model`` for ``phase.steps`` steps; returns the trained model and its optimizer.
-    What a phase adds to a plain step (a ``teacher`` to distil from, masks that ramp) is
-    :class:`PhaseExtras`.
 
-    Each step: one optimizer step on the global batch, the ledger charged, then what the step is due
-    for: a log row, an evaluation (with the growth trigger, for a phase that has one), a checkpoint
-    (with a snapshot, if asked). A resumed phase starts where its checkpoint left off."""
-    t, ledger, log = cfg.train, run_state.ledger, run_state.log
+    Each step is one optimizer step on the global batch and the ledger charged; then each of the
+    phase's :class:`Hook` s the step is due for runs, in order (a log row, an evaluation, the growth
+    trigger, the row written, a checkpoint, a snapshot). What a phase adds to the step itself (a
+    ``teacher`` to distil from, masks that ramp) is :class:`PhaseExtras`. With ``resume`` a phase
+    starts where its checkpoint left off, and one whose checkpoint says it finished trains no step:
+    it hands on the model and optimizer the checkpoint holds (this is the one place a run resumes)."""
+    t, ledger = cfg.train, run_state.ledger
     optimizer, scheduler = _optimizer_and_schedule(model, optimizer, phase, cfg)
     progress = Progress(ckpt_dir / phase.name)
     if resume and state_exists(progress.ckpt):
         progress.restore(model, optimizer, scheduler, run_state)
+        if progress.finished(phase):  # as the phase left it: the next transition keeps or drops the optimizer
+            return model.train(), optimizer
         if accelerator.is_main_process:
             tqdm.write(f"resuming {phase.name} at step {progress.start} of {phase.steps} ({progress.ckpt})",
                        file=sys.stderr)
@@ -277,61 +280,197 @@ def train_phase(
     flops_per_example, tokens_per_example = train_flops_per_example(model, seq), seq or 1
     model, optimizer, scheduler, raw, sharded = _distribute(model, optimizer, scheduler, phase, cfg, accelerator)
     extras = PhaseExtras(phase, teacher, raw, progress.start, accelerator.device, seq)
-    batch, world, device = t.batch_size, accelerator.num_processes, accelerator.device
+    batch, world = t.batch_size, accelerator.num_processes
     micro = _micro_batch(cfg, world)
-    peak = peak_flops(device, t.peak_tflops)
-    since = (ledger.flops, ledger.wall)  # at the last logged row: MFU is measured between rows
-    first_bad = torch.zeros((), dtype=torch.long, device=device)  # step of the first non-finite loss (0: none)
+    first_bad = torch.zeros((), dtype=torch.long, device=accelerator.device)  # step of the first non-finite loss
+    loop = PhaseLoop(phase, cfg, accelerator, run_state, progress, raw, optimizer, scheduler, sharded, ckpt_dir)
+    hooks = phase_hooks(loop, data)
 
-    bar = tqdm(range(progress.start, phase.steps), desc=f"{phase.name} (level {phase.level})",
-               disable=not accelerator.is_main_process, initial=progress.start, total=phase.steps, leave=False)
-    for step in bar:
+    for step in loop.bar:
         tick = time.perf_counter()
-        done = step + 1  # steps count from 1, as in metrics.jsonl
+        end = loop.end = StepEnd(step + 1)  # steps count from 1, as in metrics.jsonl
         idx = batch_indices(len(data.train), batch, ledger.data_step, cfg.seed)[accelerator.process_index::world]
         distil_from, weight = extras.at(step)
         total = accumulate(model, data, idx, micro, ledger.data_step, cfg, accelerator, distil_from, weight)
-        first_bad = torch.where((first_bad == 0) & ~torch.isfinite(total), done, first_bad)
+        first_bad = torch.where((first_bad == 0) & ~torch.isfinite(total), end.done, first_bad)
         if t.grad_clip:
             accelerator.clip_grad_norm_(model.parameters(), t.grad_clip)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        log_due = done % t.log_every == 0 or done % t.eval_every == 0 or done == phase.steps
-        eval_due = done % t.eval_every == 0 or done == phase.steps
-        checkpoint_due = done % t.checkpoint_every == 0 or done == phase.steps
-        # The host waits for the device only on steps that log, evaluate or checkpoint (inside the
+        due = [hook for hook in hooks if hook.due(end.done)]
+        # The host waits for the device only on steps a due hook reads the loss on (inside the
         # step's wall time, so the ledger's wall stays right on an asynchronous device).
-        if log_due or checkpoint_due:
-            mean_loss = _finite_loss(total, first_bad, accelerator, phase, done, progress)
+        if any(hook.reads_loss for hook in due):
+            end.loss = _finite_loss(total, first_bad, accelerator, phase, end.done, progress)
         ledger.flops += (flops_per_example + extras.flops_per_example(weight)) * batch
         ledger.examples += batch
         ledger.tokens += tokens_per_example * batch
         ledger.data_step += 1
         ledger.wall += time.perf_counter() - tick
-        row, fired = None, False
-        if log_due:
-            row = _log_row(phase, done, mean_loss, scheduler, ledger, since, world, peak, device)
-            since = (ledger.flops, ledger.wall)
-        if eval_due:  # evaluation is neither training FLOPs nor training wall time (runs evaluate at different rates)
-            row.update(evaluate(raw, data, cfg))
-            bar.set_postfix(val=f"{row['val_loss']:.3f}")
-            fired = progress.trigger(phase, ledger, row, done)
-        if row:
-            log.write(row)
-        if fired:
-            _log_trigger(phase, row, done, log, accelerator)
-        if checkpoint_due or fired:
-            whole, whole_opt = progress.checkpoint(raw, optimizer, scheduler, sharded, done, run_state, cfg,
-                                                   accelerator, ckpt_dir, phase, ended=fired)
-        fault_point(f"step:{phase.name}:{done}")
-        if fired:
+        for hook in hooks:  # asked again: a hook before may have made it due (a fired trigger, a checkpoint)
+            if hook.due(end.done):
+                hook(end)
+        fault_point(f"step:{phase.name}:{end.done}")
+        if end.fired:
             break
-    bar.close()
-    extras.close(phase.steps if progress.start >= phase.steps else done)
+    loop.bar.close()
+    extras.close(loop.end.done)
     if sharded:  # the phase always ends on a checkpoint step, so the gathered copy is the trained model
-        return whole, whole_opt
+        return loop.whole
     return raw, getattr(optimizer, "optimizer", optimizer)
+
+
+@dataclass
+class StepEnd:
+    """A finished training step as its hooks see it: the step (from 1), its mean loss over the
+    processes (read only on steps a hook needs it), the metrics row the hooks fill in, and whether
+    the growth trigger fired (which ends the phase after this step)."""
+
+    done: int
+    loss: float | None = None
+    row: dict | None = None
+    fired: bool = False
+
+
+class PhaseLoop:
+    """What the hooks of one phase share: the phase, the run's state and log, the plain model
+    (``raw``: evaluation and checkpoints use it), the optimizer and schedule, the FSDP wrapper, the
+    progress bar, the step being finished, and the whole model and optimizer the last checkpoint
+    gathered."""
+
+    def __init__(self, phase: Phase, cfg: RunConfig, accelerator, run_state: RunState, progress: "Progress",
+                 raw: nn.Module, optimizer, scheduler, sharded, ckpt_dir: Path) -> None:
+        self.phase, self.cfg, self.accelerator, self.run_state = phase, cfg, accelerator, run_state
+        self.progress, self.raw, self.optimizer, self.scheduler = progress, raw, optimizer, scheduler
+        self.sharded, self.ckpt_dir = sharded, ckpt_dir
+        self.bar = tqdm(range(progress.start, phase.steps), desc=f"{phase.name} (level {phase.level})",
+                        disable=not accelerator.is_main_process, initial=progress.start, total=phase.steps, leave=False)
+        self.end: StepEnd | None = None
+        self.whole: tuple[nn.Module, torch.optim.Optimizer] | None = None
+
+    def every(self, n: int, done: int) -> bool:
+        """Step ``done`` is a multiple of ``n`` or the phase's last."""
+        return done % n == 0 or done == self.phase.steps
+
+
+class Hook:
+    """Something a phase does after a training step when the step is due for it. ``reads_loss``:
+    it needs the step's mean loss (the host waits for the device on those steps)."""
+
+    reads_loss = False
+
+    def __init__(self, loop: PhaseLoop) -> None:
+        self.loop = loop
+
+    def due(self, done: int) -> bool:
+        raise NotImplementedError
+
+    def __call__(self, end: StepEnd) -> None:
+        raise NotImplementedError
+
+
+class LogRow(Hook):
+    """Start the step's metrics row: training loss, LR, the ledger, and the model FLOP utilisation
+    since the last row."""
+
+    reads_loss = True
+
+    def __init__(self, loop: PhaseLoop) -> None:
+        super().__init__(loop)
+        device = loop.accelerator.device
+        self.peak, self.device = peak_flops(device, loop.cfg.train.peak_tflops), device
+        self.since = (loop.run_state.ledger.flops, loop.run_state.ledger.wall)  # MFU is measured between rows
+
+    def due(self, done: int) -> bool:
+        t = self.loop.cfg.train
+        return done % t.log_every == 0 or self.loop.every(t.eval_every, done)
+
+    def __call__(self, end: StepEnd) -> None:
+        loop, ledger = self.loop, self.loop.run_state.ledger
+        end.row = {"phase": loop.phase.name, "level": loop.phase.level, "step": end.done, "train_loss": end.loss,
+                   "lr": loop.scheduler.get_last_lr()[0], "flops": ledger.flops, "examples": ledger.examples,
+                   "tokens": ledger.tokens, "wall": ledger.wall}
+        if self.peak and ledger.wall > self.since[1]:  # model FLOPs per second per device over the peak
+            world = loop.accelerator.num_processes
+            end.row["mfu"] = (ledger.flops - self.since[0]) / (ledger.wall - self.since[1]) / world / self.peak
+        if self.device.type == "cuda":
+            end.row["max_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
+        self.since = (ledger.flops, ledger.wall)
+
+
+class Evaluate(Hook):
+    """The validation loss (and accuracy) into the row; not training FLOPs or wall time (runs
+    evaluate at different rates)."""
+
+    def __init__(self, loop: PhaseLoop, data: Data) -> None:
+        super().__init__(loop)
+        self.data = data
+
+    def due(self, done: int) -> bool:
+        return self.loop.every(self.loop.cfg.train.eval_every, done)
+
+    def __call__(self, end: StepEnd) -> None:
+        end.row.update(evaluate(self.loop.raw, self.data, self.loop.cfg))
+        self.loop.bar.set_postfix(val=f"{end.row['val_loss']:.3f}")
+
+
+class Trigger(Hook):
+    """The growth trigger (a phase with ``trigger``): after each evaluation, the loss curve's
+    log-log slope into the row; when it fires before the phase's end, the phase ends here."""
+
+    def due(self, done: int) -> bool:
+        return self.loop.phase.trigger is not None and self.loop.every(self.loop.cfg.train.eval_every, done)
+
+    def __call__(self, end: StepEnd) -> None:
+        end.fired = self.loop.progress.trigger(self.loop.phase, self.loop.run_state.ledger, end.row, end.done)
+
+
+class WriteRow(Hook):
+    """The row into ``metrics.jsonl`` (and a trigger event after it, when the trigger fired)."""
+
+    def due(self, done: int) -> bool:
+        return self.loop.end.row is not None
+
+    def __call__(self, end: StepEnd) -> None:
+        loop = self.loop
+        loop.run_state.log.write(end.row)
+        if end.fired:
+            _log_trigger(loop.phase, end.row, end.done, loop.run_state.log, loop.accelerator)
+
+
+class Checkpoint(Hook):
+    """The phase's checkpoint (every ``train.checkpoint_every`` steps, at its end, and where the
+    trigger ended it), through :meth:`Progress.checkpoint`."""
+
+    reads_loss = True
+
+    def due(self, done: int) -> bool:
+        return self.loop.every(self.loop.cfg.train.checkpoint_every, done) or bool(self.loop.end and self.loop.end.fired)
+
+    def __call__(self, end: StepEnd) -> None:
+        loop = self.loop
+        loop.whole = loop.progress.checkpoint(loop.raw, loop.optimizer, loop.scheduler, loop.sharded, end.done,
+                                              loop.run_state, loop.accelerator, ended=end.fired)
+
+
+class Snapshot(Checkpoint):
+    """With ``train.keep_snapshots``: the model at every checkpoint, kept (similarity over training)."""
+
+    reads_loss = False
+
+    def due(self, done: int) -> bool:
+        return self.loop.cfg.train.keep_snapshots and super().due(done)
+
+    def __call__(self, end: StepEnd) -> None:
+        loop = self.loop
+        if loop.accelerator.is_main_process:
+            save_model(loop.whole[0], loop.ckpt_dir / "snapshots" / f"{loop.phase.name}-{end.done:07d}", overwrite=True)
+
+
+def phase_hooks(loop: PhaseLoop, data: Data) -> list[Hook]:
+    """A phase's hooks, in the order they run after a step."""
+    return [LogRow(loop), Evaluate(loop, data), Trigger(loop), WriteRow(loop), Checkpoint(loop), Snapshot(loop)]
 
 
 def _finite_loss(total, first_bad, accelerator, phase: Phase, done: int, progress: "Progress") -> float:
@@ -424,17 +563,6 @@ def _micro_batch(cfg: RunConfig, world: int) -> int:
     return micro
 
 
-def _log_row(phase: Phase, done: int, mean_loss: float, scheduler, ledger: Ledger, since, world: int, peak, device) -> dict:
-    row = {"phase": phase.name, "level": phase.level, "step": done, "train_loss": mean_loss,
-           "lr": scheduler.get_last_lr()[0], "flops": ledger.flops, "examples": ledger.examples,
-           "tokens": ledger.tokens, "wall": ledger.wall}
-    if peak and ledger.wall > since[1]:  # model FLOPs per second per device over the peak
-        row["mfu"] = (ledger.flops - since[0]) / (ledger.wall - since[1]) / world / peak
-    if device.type == "cuda":
-        row["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-    return row
-
-
 def _log_trigger(phase: Phase, row: dict, done: int, log: MetricsLog, accelerator) -> None:
     log.write({"event": "trigger", "phase": phase.name, "level": phase.level, "step": done,
                "loglog_slope": row["loglog_slope"], "threshold": phase.trigger, "of_steps": phase.steps})
@@ -444,11 +572,12 @@ def _log_trigger(phase: Phase, row: dict, done: int, log: MetricsLog, accelerato
 
 
 class Progress:
-    """Where a phase stands: the step it starts from, the (FLOPs, validation loss) points its growth
-    trigger has seen, its last good checkpoint; restored from, and written to, its checkpoint."""
+    """Where a phase stands: the step it starts from, whether its trigger ended it, the (FLOPs,
+    validation loss) points its growth trigger has seen, its last good checkpoint; restored from,
+    and written to, its checkpoint."""
 
     def __init__(self, ckpt: Path) -> None:
-        self.ckpt, self.start, self.curve = ckpt, 0, []
+        self.ckpt, self.start, self.ended, self.curve = ckpt, 0, False, []
         self.last_good = "none (no checkpoint of this phase yet)"
 
     def restore(self, model, optimizer, scheduler, run_state: RunState) -> None:
@@ -456,9 +585,13 @@ class Progress:
         model.load_state_dict(load_model(self.ckpt / "model").state_dict())
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict({"lr_lambdas": [None] * len(optimizer.param_groups), **state["scheduler"]})
-        self.start = state["step"]
+        self.start, self.ended = state["step"], bool(state.get("ended", False))
         self.curve = [list(p) for p in state.get("curve", [])]
         self.last_good = f"{self.ckpt} (step {self.start})"
+
+    def finished(self, phase: Phase) -> bool:
+        """The restored checkpoint is at the phase's last step, or where its trigger ended it."""
+        return self.start >= phase.steps or self.ended
 
     def trigger(self, phase: Phase, ledger: Ledger, row: dict, done: int) -> bool:
         """After an evaluation: the slope goes into ``row``; whether the trigger has fired before the end."""
@@ -468,22 +601,21 @@ class Progress:
         row["loglog_slope"], fired = trigger_check(self.curve, phase.trigger)
         return fired and done < phase.steps
 
-    def checkpoint(self, raw, optimizer, scheduler, sharded, done: int, run_state: RunState,
-                   cfg: RunConfig, accelerator, ckpt_dir: Path, phase: Phase, ended: bool):
-        """Write the checkpoint (and a snapshot with ``train.keep_snapshots``); returns the whole
-        model and optimizer. Under FSDP every rank gathers them (a collective) into an unsharded
-        copy: what is checkpointed, and what the phase hands to the next transition."""
+    def checkpoint(self, raw, optimizer, scheduler, sharded, done: int, run_state: RunState, accelerator,
+                   ended: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Write the checkpoint; returns the whole model and optimizer. Under FSDP every rank
+        gathers them (a collective) into an unsharded copy: what is checkpointed, and what the
+        phase hands to the next transition."""
         accelerator.wait_for_everyone()
         whole, whole_opt = sharded.gather(raw, optimizer) if sharded else (raw, optimizer)
         bad = nonfinite_parameters(whole)
         if bad:  # a finite loss can come from weights an update has just broken: never checkpoint them
             raise TrainingDiverged(f"parameters {bad[:3]}{' ...' if len(bad) > 3 else ''} are not finite in phase "
-                                   f"{phase.name} after step {done}; stopping. The last good checkpoint is {self.last_good}")
+                                   f"{self.ckpt.name} after step {done}; stopping. The last good checkpoint is "
+                                   f"{self.last_good}")
         if accelerator.is_main_process:
             save_checkpoint(self.ckpt, whole, whole_opt, scheduler, done, run_state, self.curve, ended=ended)
             self.last_good = f"{self.ckpt} (step {done})"
-            if cfg.train.keep_snapshots:
-                save_model(whole, ckpt_dir / "snapshots" / f"{phase.name}-{done:07d}", overwrite=True)
         accelerator.wait_for_everyone()
         return whole, whole_opt
 
@@ -588,9 +720,3 @@ def accumulate(model, data: Data, idx: np.ndarray, micro: int, data_step: int, c
             accelerator.backward(loss)
         total += loss.detach().float()
     return total
-
-
-def phase_done(ckpt_dir: Path, phase: Phase) -> bool:
-    """The phase's checkpoint is at its last step, or where its trigger ended it."""
-    path = ckpt_dir / phase.name
-    return state_exists(path) and (state_value(path, "step") >= phase.steps or state_value(path, "ended", False))

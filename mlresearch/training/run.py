@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import yaml
 
-from ..checkpoint import (atomic_write_text, load_model, read_structured, recover_tree, save_model,
+from ..checkpoint import (atomic_write_text, read_structured, recover_tree, save_model,
                           state_exists, state_value)
 from ..errors import MLResearchError
 from ..faults import fault_point
@@ -26,7 +26,7 @@ from ..overwrite import RUN, check_is_run, check_overwrite, check_writable_path
 from ..data.datasets import load_data
 from ..results import provenance, write_json
 from .config import SETTINGS, ConfigError, RunConfig, default_value, flatten_config
-from .engine import Ledger, MetricsLog, RunState, evaluate, new_optimizer, phase_done, train_phase
+from .engine import Ledger, MetricsLog, RunState, evaluate, train_phase
 from .methods import METHODS, build_plan, check_plan, execute
 from .phase import Phase
 from .models import build_model, check_model_fits_data, data_settings, parameter_counts
@@ -175,16 +175,8 @@ class Run:
 
     def train(self, model, optimizer, phase: Phase, teacher=None):
         start = dict(flops=self.ledger.flops, wall=self.ledger.wall, examples=self.ledger.examples)
-        if self.resume and phase_done(self.ckpt, phase):  # as the phase left it: the next one draws the same masks
-            saved = self.state.restore(self.ckpt / phase.name)
-            trained = load_model(self.ckpt / phase.name / "model")
-            trained.train()
-            opt = new_optimizer(trained, self.cfg, phase.lr)  # the next transition keeps or drops it
-            opt.load_state_dict(saved["optimizer"])
-            model, optimizer = trained, opt
-        else:
-            model, optimizer = train_phase(model, optimizer, phase, self.data, self.cfg, self.accelerator, self.state,
-                                           self.ckpt, resume=self.resume, teacher=teacher)
+        model, optimizer = train_phase(model, optimizer, phase, self.data, self.cfg, self.accelerator, self.state,
+                                       self.ckpt, resume=self.resume, teacher=teacher)
         steps = state_value(self.ckpt / phase.name, "step")  # fewer than planned where a trigger ended it
         record = {"event": "phase_end", "phase": phase.name, "level": phase.level, "steps": steps,
                   "flops": self.ledger.flops - start["flops"], "wall": self.ledger.wall - start["wall"],
