@@ -211,6 +211,7 @@ def _cmd_new(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from .training.config import load_config
     from .training.methods import build_plan, format_plan
+    from .training.record import finished as is_finished
     from .training.run import config_differences, default_out, run_method
 
     cfg = load_config(args.config, args.set)
@@ -220,7 +221,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(format_plan(cfg, kind))
         return 0
     out = Path(args.out) if args.out else default_out(cfg, kind, args.root)
-    if (out / "summary.json").exists() and not args.overwrite:
+    if is_finished(out) and not args.overwrite:
         changed = config_differences(out, cfg, kind)
         if args.skip_done:
             note = f" (WARNING: its config differs in {', '.join(changed)})" if changed else ""
@@ -232,7 +233,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     base_out = None
     if kind != "baseline" and args.baseline:
         base_out = default_out(cfg, "baseline", args.root)
-        if (base_out / "summary.json").exists() and not config_differences(base_out, cfg, "baseline"):
+        if is_finished(base_out) and not config_differences(base_out, cfg, "baseline"):
             print(f"baseline: reusing {base_out} (finished, same config)")
         else:
             _print_summary(run_method(cfg, "baseline", base_out, resume=base_out.exists()))

@@ -12,7 +12,6 @@ compare directly. Results go to ``<run>/downstream.json`` with the evaluation's 
 
 from __future__ import annotations
 
-import json
 import math
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -30,6 +29,7 @@ from .data.text import DataError
 from .results import provenance, write_json
 from .training.config import load_config
 from .training.models import data_settings
+from .training.record import RunRecord
 
 
 @dataclass
@@ -64,17 +64,16 @@ def torch_threads(n: int | None):
 
 
 def finished_run(run: Path):
-    """A finished run's (config, data section as it ran, summary, final model directory): what an
+    """A finished run's (config, data section as it ran, record, final model directory): what an
     evaluation after training (downstream, word order) needs to rebuild its data and model."""
-    summary_path, model_dir = run / "summary.json", run / "final_model"
-    for p in (summary_path, run / "config.yaml", model_dir):
-        if not p.exists():
-            raise FileNotFoundError(f"{run} is not a finished run: {p.name} is missing")
-    summary = json.loads(summary_path.read_text())
+    record = RunRecord.read(run, FileNotFoundError)
+    model_dir = run / "final_model"
+    if not model_dir.exists():
+        raise FileNotFoundError(f"{run} is not a finished run: final_model is missing")
     cfg = load_config(run / "config.yaml")
     # The config names the corpora the run trained on: an absent corpus is an error, never skipped
     # (runs recorded before that were corrected; see their provenance.json "corrected").
-    return cfg, data_settings(cfg), summary, model_dir
+    return cfg, data_settings(cfg), record, model_dir
 
 
 def zero_shot_perplexity(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> dict:
@@ -173,8 +172,8 @@ def bbc_topic_accuracy(run: str | Path, dc: DownstreamConfig = DownstreamConfig(
 
 
 def image_top1(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> dict:
-    _, _, summary, _ = finished_run(Path(run))
-    return {"task": "test_top1", "accuracy": summary["final_test"]["test_acc"]}
+    _, _, record, _ = finished_run(Path(run))
+    return {"task": "test_top1", "accuracy": record.test["test_acc"]}
 
 
 CHECKS = {"causal_lm": zero_shot_perplexity, "masked_lm": bbc_topic_accuracy, "image_cls": image_top1}

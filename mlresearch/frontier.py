@@ -30,11 +30,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .checkpoint import read_structured
 from .errors import MLResearchError
-from .training.config import load_config
-from .training.engine import read_metrics
-from .training.models import parameter_counts
+from .training.record import RunRecord
 
 
 class FrontierError(MLResearchError, ValueError):
@@ -42,24 +39,19 @@ class FrontierError(MLResearchError, ValueError):
 
 
 def frontier_row(run: str | Path, root: str | Path, budget: float) -> dict:
-    """One frontier point, from a finished run's config, summary and metrics: the record
-    ``frontier.csv`` holds (nothing is parsed from the directory's name)."""
-    run = Path(run)
-    config = read_structured(run / "config.yaml", "run config", FrontierError, fmt="yaml")
-    summary = read_structured(run / "summary.json", "run summary", FrontierError)
-    provenance = json.loads((run / "provenance.json").read_text())
-    evals = [r for r in read_metrics(run) if "val_loss" in r and "event" not in r]
-    tokens = evals[-1].get("tokens") if evals else None
-    params = parameter_counts(load_config(run / "config.yaml"))  # the full model's, also for the small shape's runs
-    return {"experiment": config["experiment"], "method": summary["kind"], "seed": config["seed"],
-            "budget": budget, "lr": config["train"]["lr"], "warmup": config["train"]["warmup"],
-            "steps": config["train"]["steps"], "schedule": config["train"]["schedule"],
-            "flops": float(summary["flops_total"]), "val_loss": float(summary["final_full_val"]["val_loss"]),
-            "tune_loss": (summary.get("final_tune") or {}).get("tune_loss"),
-            "tokens": tokens, "full_model_parameters": params["parameters"],
-            "full_model_non_embedding_parameters": params["non_embedding_parameters"],
-            "tokens_per_parameter": None if tokens is None else tokens / params["parameters"],
-            "run": str(run.resolve().relative_to(Path(root).resolve())),
+    """One frontier point, from a finished run's record and provenance: the row ``frontier.csv``
+    holds (nothing is parsed from the directory's name)."""
+    r = RunRecord.read(run, FrontierError)
+    provenance = json.loads((r.run / "provenance.json").read_text())
+    train = r.config["train"]
+    return {"experiment": r.experiment, "method": r.method, "seed": r.seed,
+            "budget": budget, "lr": train["lr"], "warmup": train["warmup"],
+            "steps": train["steps"], "schedule": train["schedule"],
+            "flops": r.flops, "val_loss": r.val_loss, "tune_loss": r.tune_loss,
+            "tokens": r.tokens, "full_model_parameters": r.parameters,
+            "full_model_non_embedding_parameters": r.non_embedding_parameters,
+            "tokens_per_parameter": None if r.tokens is None else r.tokens_per_parameter,
+            "run": str(r.run.resolve().relative_to(Path(root).resolve())),
             "copied_from": provenance.get("copied_from"), "git_commit": provenance.get("git_commit")}
 
 

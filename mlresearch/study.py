@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from .checkpoint import read_structured
+from .families import Sizes
 from .frontier import read_points, run_savings, spread_cell
 from .tasks import task_of
 from .training.compare import NonFiniteLoss, compare_runs, reach
-from .training.config import load_config
 from .training.engine import read_metrics
-from .training.methods import describe_run, methods_markdown, planned_ledger, title_of
-from .training.models import parameter_counts
+from .training.methods import methods_markdown, title_of
+from .training.record import RunRecord
 
 PAPER = pd.DataFrame([
     {"model": "BERT-Base", "levels": 2, "flops_saving_pct": 19.0, "wall_saving_pct": 10.8},
@@ -55,22 +54,20 @@ VARIANT_KEYS = ["experiment", "method", "levels", "scheme", "alpha", "optimizer"
 
 
 def _runs(results: Path):
-    """Runs written by the runner (a config.yaml and a summary with its kind)."""
+    """The records of the finished runs the runner wrote (``<results>/<experiment>/<run>/``)."""
     for summary in sorted(results.glob("*/*/summary.json")):
-        run = summary.parent
-        data = read_structured(summary, "run summary", ValueError)
-        if (run / "config.yaml").exists() and isinstance(data, dict) and data.get("kind"):
-            yield run, read_structured(run / "config.yaml", "run config", ValueError, fmt="yaml"), data
+        if (summary.parent / "config.yaml").exists():
+            yield RunRecord.read(summary.parent, ValueError)
 
 
-def _downstream(run: Path, task: str) -> float | None:
+def _downstream(record: RunRecord) -> float | None:
     """The run's downstream number (``mlresearch downstream``), or its own test top-1 for images."""
-    key = task_of(task).downstream[0]
-    path = run / "downstream.json"
+    key = task_of(record.task).downstream[0]
+    path = record.run / "downstream.json"
     if path.exists():
         return json.loads(path.read_text())[key]
-    if task_of(task).accuracy:
-        return json.loads((run / "summary.json").read_text())["final_test"]["test_acc"]
+    if task_of(record.task).accuracy:
+        return record.test["test_acc"]
     return None
 
 
@@ -83,30 +80,27 @@ def step_times(results: Path) -> dict:
     return {(r.experiment, r.shape): float(r.seconds_per_step) for r in pd.read_csv(path).itertuples()}
 
 
-def modelled_wall(run: Path, config: dict, summary: dict, times: dict):
+def modelled_wall(record: RunRecord, times: dict):
     """The run's training wall time as the quiet benchmark models it: a function of (phase, step)
     giving sum(steps x seconds per step of each phase's shape) up to that point; None when a shape
     the run passed through was not benchmarked. Measured wall time on a shared machine is noise;
     this is what a saving in wall time is claimed from."""
-    cfg = load_config(run / "config.yaml")
-    shapes = {p["phase"]: shape_key(p["sizes"]) for p in planned_ledger(cfg, summary["kind"])["phases"]}
-    per_step = {name: times.get((config["experiment"], shape)) for name, shape in shapes.items()}
+    per_step = {p["phase"]: times.get((record.experiment, shape_key(Sizes(**p["shape"])))) for p in record.phases}
     if any(v is None for v in per_step.values()):
         return None
     before, elapsed = {}, 0.0
-    for p in summary["phases"]:
+    for p in record.phases:
         before[p["phase"]] = elapsed
         elapsed += p["steps"] * per_step[p["phase"]]
     return lambda phase, step: before[phase] + step * per_step[phase]
 
 
-def _modelled_columns(baseline_wall: float | None, run: Path, config: dict, summary: dict, times: dict,
-                      target: float) -> dict:
+def _modelled_columns(baseline_wall: float | None, record: RunRecord, times: dict, target: float) -> dict:
     """``baseline_wall``: the baseline's modelled training seconds to the target (one per baseline)."""
-    wm = modelled_wall(run, config, summary, times)
+    wm = modelled_wall(record, times)
     if baseline_wall is None or wm is None:
         return {}
-    rows = read_metrics(run)
+    rows = read_metrics(record.run)
     last = [r for r in rows if "val_loss" in r and "event" not in r][-1]
     out = {"baseline_modelled_wall": baseline_wall, "method_modelled_total_wall": wm(last["phase"], last["step"])}
     hit = reach(rows, target, last["phase"])
@@ -132,53 +126,48 @@ def _collect(results: Path) -> pd.DataFrame:
     results = Path(results)
     runs = list(_runs(results))
     baselines: dict = {}
-    for r, c, s in runs:
-        if s["kind"] == "baseline":
-            key = (r.parent, c["seed"])
+    for r in runs:
+        if r.method == "baseline":
+            key = (r.run.parent, r.seed)
             baselines[key] = None if key in baselines else r
     times, baseline_walls = step_times(results), {}
     rows = []
-    for run, config, summary in runs:
-        base = baselines.get((run.parent, config["seed"]))
-        if summary["kind"] == "baseline" or base is None:  # (a run kept as a record, beside no baseline)
+    for r in runs:
+        base = baselines.get((r.run.parent, r.seed))
+        if r.method == "baseline" or base is None:  # (a run kept as a record, beside no baseline)
             continue
-        row = {"experiment": config["experiment"], "method": summary["kind"], "task": config["task"], "run": run.name,
-               "seed": config["seed"], **describe_run(summary["kind"], config),
-               "method_full_val_loss": summary["final_full_val"]["val_loss"],
-               "method_test": next(iter(summary["final_test"].values())),
-               "method_downstream": _downstream(run, config["task"])}
+        row = {"experiment": r.experiment, "method": r.method, "task": r.task, "run": r.run.name, "seed": r.seed,
+               **r.variant, "method_full_val_loss": r.val_loss, "method_test": next(iter(r.test.values())),
+               "method_downstream": _downstream(r)}
         try:
-            c = compare_runs(base, run)
+            c = compare_runs(base.run, r.run)
         except NonFiniteLoss as exc:  # a marked cell, not a blank that reads as a number
             warnings.warn(f"table: {exc}", stacklevel=2)
             rows.append({**row, "nonfinite_loss": 1, "reached": False})
             continue
-        b = json.loads((base / "summary.json").read_text())
-        params = parameter_counts(load_config(run / "config.yaml"))  # after the pair is known comparable
-        row.update(params)
-        row.update({"baseline_full_val_loss": b["final_full_val"]["val_loss"],
-                    "baseline_test": next(iter(b["final_test"].values())),
+        row.update({"parameters": r.parameters, "non_embedding_parameters": r.non_embedding_parameters})
+        row.update({"baseline_full_val_loss": base.val_loss, "baseline_test": next(iter(base.test.values())),
                     "target_val_loss": c["target_val_loss"], "baseline_flops": c["baseline_flops"],
                     "baseline_total_flops": c["baseline_total_flops"],
                     "method_total_flops": c["method_total_flops"], "reached": c["reached"],
                     "baseline_tokens": c["baseline_tokens"], "method_tokens": c.get("method_tokens"),
                     "method_total_tokens": c["method_total_tokens"],
-                    "tokens_per_parameter": (c["method_total_tokens"] or math.nan) / params["parameters"],
+                    "tokens_per_parameter": (c["method_total_tokens"] or math.nan) / r.parameters,
                     "tokens_per_non_embedding_parameter":
-                        (c["method_total_tokens"] or math.nan) / params["non_embedding_parameters"],
+                        (c["method_total_tokens"] or math.nan) / r.non_embedding_parameters,
                     "method_total_wall": c["method_total_wall"],
                     "method_flops": c.get("method_flops"), "flops_saving_pct": c.get("flops_saving_pct"),
                     "flops_saving_at_final_pct": c.get("flops_saving_at_final_pct"),
                     "wall_saving_pct": c.get("wall_saving_pct"),
                     "final_val_loss_gap": c["method_final_val_loss"] - c["target_val_loss"],
-                    "baseline_downstream": _downstream(base, config["task"]),
+                    "baseline_downstream": _downstream(base),
                     "reached_acc": c.get("reached_acc"), "acc_flops_saving_pct": c.get("acc_flops_saving_pct")})
         if times:
-            if base not in baseline_walls:  # the baseline's modelled time to its own final loss, once
-                wb = modelled_wall(base, config, b, times)
-                hit = reach(read_metrics(base), c["target_val_loss"])
-                baseline_walls[base] = None if wb is None else wb(hit["phase"], hit["step"])
-            row.update(_modelled_columns(baseline_walls[base], run, config, summary, times, c["target_val_loss"]))
+            if base.run not in baseline_walls:  # the baseline's modelled time to its own final loss, once
+                wb = modelled_wall(base, times)
+                hit = reach(read_metrics(base.run), c["target_val_loss"])
+                baseline_walls[base.run] = None if wb is None else wb(hit["phase"], hit["step"])
+            row.update(_modelled_columns(baseline_walls[base.run], r, times, c["target_val_loss"]))
         rows.append(row)
     return pd.DataFrame(rows)
 

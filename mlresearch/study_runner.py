@@ -51,6 +51,7 @@ from .checkpoint import atomic_write_text, read_structured
 from .errors import MLResearchError
 from .results import REPO, provenance
 from .training.config import ConfigError, load_config, preset_path
+from .training.record import RunRecord, finished
 from .training.run import config_differences, default_out
 
 
@@ -172,9 +173,9 @@ def tuning_loss(run: str | Path) -> float:
     from .training.models import data_settings
 
     run = Path(run)
-    summary = json.loads((run / "summary.json").read_text())
-    if "final_tune" in summary:
-        return float(summary["final_tune"]["tune_loss"])
+    record = RunRecord.read(run)
+    if record.tune_loss is not None:
+        return float(record.tune_loss)
     cached = run / "tune.json"
     if cached.exists():
         return float(json.loads(cached.read_text())["tune_loss"])
@@ -224,8 +225,7 @@ def word_order_gain(run: Path, previous: pd.DataFrame, experiment: str, seed: in
         gain = float(run_word_order(run).gain)
         atomic_write_text(cached, json.dumps({"gain": gain}, indent=2) + "\n")
         return gain
-    column = "small_word_order_gain" if json.loads((run / "summary.json").read_text())["kind"] == "small" \
-        else "baseline_word_order_gain"
+    column = "small_word_order_gain" if RunRecord.read(run).method == "small" else "baseline_word_order_gain"
     if column in previous:
         row = previous[(previous.experiment == experiment) & (previous.seed == seed)]
         if len(row):
@@ -302,11 +302,11 @@ class Study:
         """One run in its own process (skipped when finished, resumed when killed); the CPU seconds
         it takes are added to ``out/cpu.json``."""
         if self.dry_run:
-            state = "finished" if (out / "summary.json").exists() else "started" if out.exists() else "to run"
+            state = "finished" if finished(out) else "started" if out.exists() else "to run"
             via = "" if self.launcher == [sys.executable] else f" (via {shlex.join(self.launcher)})"
             print(f"[{state:8}] {out}  <- {method} {' '.join(sets)}{via}")
             return out
-        finished = (out / "summary.json").exists()
+        was_finished = finished(out)
         cpu, wall = cpu_seconds(), time.perf_counter()
         try:
             done = subprocess.run(self.command(out, method, sets),
@@ -316,7 +316,7 @@ class Study:
         if done.returncode:
             raise StudyError(f"mlresearch run {self.config.name} --method {method} {' '.join(_sets(sets))} --out {out} "
                              f"failed (exit {done.returncode}); run the study again to resume it")
-        if not finished and out.exists():
+        if not was_finished and out.exists():
             record = out / "cpu.json"
             before = json.loads(record.read_text()) if record.exists() else {"cpu_seconds": 0.0, "wall_seconds": 0.0}
             atomic_write_text(record, json.dumps({"cpu_seconds": before["cpu_seconds"] + cpu_seconds() - cpu,
@@ -330,7 +330,7 @@ class Study:
         seed = self.spec["tuning"]["seed"]
         sets = [f"seed={seed}", f"train.lr={lr}", f"train.warmup={warmup}"]
         main = self.home / f"baseline-seed{seed}"
-        if (main / "summary.json").exists() and not config_differences(main, load_config(self.config, sets), "baseline"):
+        if finished(main) and not config_differences(main, load_config(self.config, sets), "baseline"):
             return main
         out = self.root / f"{self.experiment}-tuning" / f"baseline-lr{lr:g}-wu{warmup}-seed{seed}"
         return self.launch(out, "baseline", sets)
@@ -346,7 +346,7 @@ class Study:
 
         def score(lr, warmup):
             run = self.candidate(lr, warmup)
-            if self.dry_run and not (run / "summary.json").exists():  # not run yet: list as if the preset won
+            if self.dry_run and not finished(run):  # not run yet: list as if the preset won
                 unknown.append(run)
                 return -math.inf if (lr, warmup) == (preset_lr, preset_warmup) else math.inf
             rows.append({"experiment": self.experiment, "seed": t["seed"], "lr": lr, "warmup": warmup,
@@ -391,7 +391,7 @@ class Study:
         out = default_out(cfg, method, self.root) if name == "baseline" else self.out(name, self.spec["runs"][name], cfg)
         if name == "baseline" and seed == self.spec["tuning"]["seed"] and not out.exists() and not self.dry_run:
             self._adopt(self.candidate(*self.baseline), out)  # the chosen tuning run is this seed's baseline
-        changed = config_differences(out, cfg, method) if (out / "summary.json").exists() else []
+        changed = config_differences(out, cfg, method) if finished(out) else []
         if changed:
             raise StudyError(f"{out} is finished with another configuration (differs in {', '.join(changed)}); move "
                              "it away (an untuned baseline, say) and run the study again")
@@ -412,7 +412,7 @@ class Study:
         """Copy a finished tuning run (not its checkpoints) to ``out``: written beside it, then renamed."""
         import shutil
 
-        if candidate == out or not (candidate / "summary.json").exists():
+        if candidate == out or not finished(candidate):
             return
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -458,7 +458,7 @@ class Study:
         homes = [default_out(cfg, method, self.root)]
         homes += [self.out(n, item, cfg) for n, item in self.spec["runs"].items() if item["method"] == method]
         for out in homes:
-            if (out / "summary.json").exists() and not config_differences(out, cfg, method):
+            if finished(out) and not config_differences(out, cfg, method):
                 return out
         return None
 
@@ -473,7 +473,7 @@ class Study:
             elif same is not None:
                 print(f"[{'copy':8}] {out}  <- {same}")
                 continue
-            changed = config_differences(out, cfg, method) if (out / "summary.json").exists() else []
+            changed = config_differences(out, cfg, method) if finished(out) else []
             if changed:
                 raise StudyError(f"{out} is finished with another configuration (differs in {', '.join(changed)}); "
                                  "move it away and run the study again")
@@ -486,7 +486,7 @@ class Study:
         from .frontier import frontier_row
 
         rows = [{**frontier_row(run, self.root, budget), "role": role} for run, budget, role in runs
-                if (run / "summary.json").exists()]
+                if finished(run)]
         out = self.root / "tables" / "frontier.csv"
         if not rows or self.dry_run:
             return None
@@ -570,7 +570,7 @@ class Study:
             item = self.spec["runs"][name]
             outs = [self.out(name, item, load_config(self.config, [f"seed={s}", *item.get("set", [])]))
                     for s in self.spec["variant_seeds"]]
-            if all((o / "summary.json").exists() for o in outs):
+            if all(finished(o) for o in outs):
                 scores[name] = sum(tuning_loss(o) for o in outs) / len(outs)
         if among and len(scores) == len(among):
             best = min(scores, key=scores.get)
@@ -596,13 +596,13 @@ class Study:
             print(markdown(table))
         dirs = [d for d in (*self.home.glob("*/"), *(self.root / f"{self.experiment}-tuning").glob("*/"),
                             *(self.root / f"{self.experiment}-frontier").glob("*/"))
-                if (d / "summary.json").exists() and (d.parent != self.home or d.name in mine)
+                if finished(d) and (d.parent != self.home or d.name in mine)
                 and "copied_from" not in json.loads((d / "provenance.json").read_text())]  # counted where it ran
         recorded = [json.loads((d / "cpu.json").read_text())["cpu_seconds"] for d in dirs if (d / "cpu.json").exists()]
         missing = [d for d in dirs if not (d / "cpu.json").exists()]
         # Runs trained before CPU time was recorded: training wall time x threads (a lower bound: it
         # leaves out evaluation and checkpoints).
-        estimate = sum(json.loads((d / "summary.json").read_text())["wall_total"] *
+        estimate = sum(RunRecord.read(d).wall *
                        (load_config(d / "config.yaml").train.threads or 1) for d in missing)
         print(f"{self.experiment}: {len(dirs)} finished runs, {sum(recorded) / 3600:.2f} CPU-hours recorded "
               f"({len(recorded)} runs)" + (f" + ~{estimate / 3600:.2f} estimated for {len(missing)} runs trained before "

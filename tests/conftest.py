@@ -45,7 +45,19 @@ def write_run(path, rows, kind, experiment="fixture", seed=0, data=None):
 
     path.mkdir(parents=True)
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (path / "summary.json").write_text(json.dumps({"kind": kind, "experiment": experiment, "seed": seed}))
+    evals = [r for r in rows if "val_loss" in r and "event" not in r]
+    last = evals[-1] if evals else {}
+    final = last.get("val_loss") if isinstance(last.get("val_loss"), float) else 0.0  # (a damaged row's is not)
+    phases = {}
+    for r in evals:  # each phase's last evaluation: where it ended
+        phases[r.get("phase", kind)] = {"phase": r.get("phase", kind), "level": r.get("level", 1), "steps": r.get("step", 0),
+                                       "flops": r.get("flops", 0.0), "wall": r.get("wall", 0.0), "examples": 0}
+    # A summary as runs wrote them before the record's descriptive fields (RunRecord fills those from
+    # the config): kind, experiment, seed, final losses, totals, phases, data as loaded.
+    (path / "summary.json").write_text(json.dumps({
+        "kind": kind, "experiment": experiment, "seed": seed, "final_full_val": {"val_loss": final},
+        "final_test": {"test_loss": final}, "flops_total": last.get("flops", 0.0),
+        "wall_total": last.get("wall", 0.0), "examples_total": 0, "phases": list(phases.values()), "data": {}}))
     config = yaml.safe_load((CONFIGS / "gpt2_smoke.yaml").read_text())
     config.update(experiment=experiment, seed=seed)
     config["data"].update(data or {})

@@ -23,7 +23,10 @@ from mlresearch.training.compare import compare_runs, reach
 from mlresearch.training.config import ConfigError, load_config, parse_config
 from mlresearch.training.engine import read_metrics
 from mlresearch.training.flops import train_flops_per_example
-from mlresearch.training.methods import planned_ledger
+from mlresearch.families import Sizes
+from mlresearch.training.methods import describe_run, planned_ledger
+from mlresearch.training.models import build_model
+from mlresearch.training.record import RecordError, RunRecord
 from mlresearch.training.run import run_method
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,6 +65,42 @@ def test_smoke_vcycle_end_to_end(name, tmp_path):
     assert sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in big.parameters()) / 2
     for split in ("final_full_val", "final_test"):
         assert np.isfinite(list(summary[split].values())[0])
+    check_record(tmp_path / "vc", cfg, "vcycle", rows, small, big)
+
+
+def check_record(run, cfg, method, rows, small, big):
+    """The run's record says what the run was, each fact against an independent source: the phases'
+    shapes are the checkpointed models' (parameter counts), the full model's parameters the final
+    model's, the tokens the last evaluation row's; and a summary stripped of the descriptive fields
+    (as runs wrote them before) reads to the same record, worked out from the config."""
+    record = RunRecord.read(run)
+    final = load_model(run / "final_model")
+    count = lambda sizes: sum(p.numel() for p in build_model(cfg, final.config.vocab_size if hasattr(final, "config")  # noqa: E731
+                                                                   else None, device="meta", sizes=sizes).parameters())
+    shapes = {p["phase"]: Sizes(**p["shape"]) for p in record.phases}
+    assert list(shapes) == [r["phase"] for r in rows if r.get("event") == "phase_end"]
+    assert count(shapes["small"]) == sum(p.numel() for p in small.parameters())
+    assert count(shapes["down1"]) == count(shapes["up1"]) == sum(p.numel() for p in big.parameters())
+    assert record.parameters == sum(p.numel() for p in final.parameters())  # (a tied head once)
+    assert record.tokens == [r for r in rows if "val_loss" in r and "event" not in r][-1]["tokens"]
+    assert (record.method, record.experiment, record.seed, record.task) == (method, cfg.experiment, cfg.seed, cfg.task)
+    corpus = cfg.data.corpus
+    assert record.data_sources == ((corpus,) if isinstance(corpus, str) else tuple(corpus))
+    assert record.variant == describe_run(method, cfg.to_dict()) and record.variant["levels"] == cfg.vcycle.levels
+    older = run.parent / "older"
+    older.mkdir()
+    for name in ("config.yaml", "metrics.jsonl"):
+        shutil.copy(run / name, older / name)
+    summary = json.loads((run / "summary.json").read_text())
+    added = {"task", "variant", "data_sources", "phase_shapes", "tokens_total", "full_model_parameters",
+             "full_model_non_embedding_parameters", "tokens_per_parameter", "tokens_per_non_embedding_parameter"}
+    (older / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k not in added}))
+    again = RunRecord.read(older)
+    for name in ("method", "experiment", "seed", "task", "variant", "data_sources", "flops", "tokens", "val_loss",
+                 "test", "phases", "parameters", "non_embedding_parameters"):
+        assert getattr(again, name) == getattr(record, name), name
+    with pytest.raises(RecordError, match="is not a finished run"):
+        RunRecord.read(run / "checkpoints")
 
 
 def counted_train_flops(model, cfg) -> float:

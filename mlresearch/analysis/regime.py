@@ -16,7 +16,6 @@ the figure.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -24,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ..study import curves
+from ..training.record import RunRecord
 
 KEY = ["experiment", "seed"]
 
@@ -40,13 +40,10 @@ def regime_row(experiment: str, seed: int, baseline: Path, small: Path, small_st
                word_order: Callable[[Path], float] | None = None) -> dict:
     """One seed's row from a finished baseline run and a finished small-alone run; ``word_order``
     (a run directory -> its final model's word-order gain) adds the two gain columns."""
-    base = json.loads((Path(baseline) / "summary.json").read_text())
-    row = {"experiment": experiment, "seed": seed,
-           "baseline_final_val_loss": base["final_full_val"]["val_loss"],
-           "baseline_flops": base["flops_total"],
-           "small_val_loss_at_baseline_flops": loss_at_flops(curves(small), base["flops_total"]),
-           "small_steps": small_steps,
-           "small_final_val_loss": json.loads((Path(small) / "summary.json").read_text())["final_full_val"]["val_loss"]}
+    base, alone = RunRecord.read(baseline), RunRecord.read(small)
+    row = {"experiment": experiment, "seed": seed, "baseline_final_val_loss": base.val_loss, "baseline_flops": base.flops,
+           "small_val_loss_at_baseline_flops": loss_at_flops(curves(small), base.flops),
+           "small_steps": small_steps, "small_final_val_loss": alone.val_loss}
     row["margin"] = row["small_val_loss_at_baseline_flops"] - row["baseline_final_val_loss"]
     if word_order is not None:
         row["baseline_word_order_gain"] = word_order(Path(baseline))

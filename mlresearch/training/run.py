@@ -2,7 +2,8 @@
 baseline, small-model control, V-cycle, ...) executed over it with the FLOPs ledger.
 
 Every run writes ``<out>/config.yaml``, ``provenance.json``, ``metrics.jsonl`` (training rows,
-operator and phase-end events), ``summary.json`` and ``checkpoints/`` (not committed).
+operator and phase-end events), ``summary.json`` (the run's record, :mod:`.record`) and
+``checkpoints/`` (not committed).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from .config import SETTINGS, ConfigError, RunConfig, default_value, flatten_con
 from .engine import Ledger, MetricsLog, RunState, evaluate, train_phase
 from .methods import METHODS, build_plan, check_plan, execute
 from .phase import Phase
-from .models import build_model, check_model_fits_data, data_settings, parameter_counts
+from .models import build_model, check_model_fits_data, data_settings, model_sizes
+from .record import describe
 
 
 def runs_root(root: str | Path | None = None) -> Path:
@@ -149,6 +151,7 @@ class Run:
         self.accelerator.wait_for_everyone()
         self.resume = resume
         self.phases: list[dict] = []
+        self.shapes: dict = {}  # each phase's model shape, for the record
 
     @property
     def ledger(self) -> Ledger:
@@ -182,6 +185,7 @@ class Run:
                   "flops": self.ledger.flops - start["flops"], "wall": self.ledger.wall - start["wall"],
                   "examples": self.ledger.examples - start["examples"]}
         self.phases.append(record)
+        self.shapes[phase.name] = phase.sizes or model_sizes(self.cfg)
         self.log.write(record)
         fault_point(f"after-phase:{phase.name}")
         return model, optimizer
@@ -229,14 +233,12 @@ class Run:
         summary = {"kind": kind, "experiment": self.cfg.experiment, "seed": self.cfg.seed,
                    "final_full_val": final, "final_test": test, "flops_total": self.ledger.flops,
                    "wall_total": self.ledger.wall, "examples_total": self.ledger.examples,
-                   "phases": self.phases, "data": self.data.info, "tokens_total": self.ledger.tokens}
+                   "phases": self.phases, "data": self.data.info, "tokens_total": self.ledger.tokens,
+                   **describe(self.cfg, kind, self.shapes, self.data.vocab_size or None)}
         # Where growth can pay is stated in tokens per parameter (of the full model: the one a method
         # is compared as), all parameters and non-embedding ones.
-        params = parameter_counts(self.cfg, self.data.vocab_size or None)
-        summary.update(full_model_parameters=params["parameters"],
-                       full_model_non_embedding_parameters=params["non_embedding_parameters"],
-                       tokens_per_parameter=self.ledger.tokens / params["parameters"],
-                       tokens_per_non_embedding_parameter=self.ledger.tokens / params["non_embedding_parameters"])
+        summary.update(tokens_per_parameter=self.ledger.tokens / summary["full_model_parameters"],
+                       tokens_per_non_embedding_parameter=self.ledger.tokens / summary["full_model_non_embedding_parameters"])
         if self.data.tune is not None and len(self.data.tune):  # for choices among runs, not the target
             summary["final_tune"] = evaluate(model, self.data, self.cfg, "tune", batches=10**9)
         if self.accelerator.is_main_process:
