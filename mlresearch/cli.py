@@ -316,8 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show the traceback of a failure (or set MLRESEARCH_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    from .analysis.similarity import METRICS
     from .families import FAMILIES
-
     from .training.methods import METHODS
 
     p = sub.add_parser("run", help="run a method's plan (baseline, small-model control, V-cycle, ...)")
@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--model", help="a model checkpoint directory")
     p.add_argument("--data", help="config file or preset name (e.g. gpt2_tiny) whose validation split is the "
                                   "probe (default: the run's config)")
-    p.add_argument("--metric", choices=("cka", "cka-unbiased", "cosine", "attention"), default="cka")
+    p.add_argument("--metric", choices=tuple(METRICS), default="cka")
     p.add_argument("--examples", type=_positive_int, default=16, help="validation examples in the probe batch")
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true")

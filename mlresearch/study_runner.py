@@ -273,7 +273,7 @@ class Study:
         from .training.methods import build_plan
 
         seed = self.spec["seeds"][0]
-        outs = {self.home / f"baseline-seed{seed}": "baseline"}
+        outs = {self.main_baseline(seed): "baseline"}
         for name, item in self.spec["runs"].items():  # every run's config and plan, before anything trains
             try:
                 cfg = load_config(self.config, [f"seed={seed}", *item.get("set", [])])
@@ -286,6 +286,10 @@ class Study:
                                  f"{out.relative_to(self.root)} (they differ only in settings its name does not "
                                  "show): give one a vcycle.tag / staged.tag / stack.tag")
             outs[out] = name
+
+    def main_baseline(self, seed: int) -> Path:
+        """The study's baseline run of ``seed`` (the preset's, at the tuned LR: the main rows' baseline)."""
+        return default_out(load_config(self.config, [f"seed={seed}"]), "baseline", self.root)
 
     def out(self, name: str, item: dict, cfg) -> Path:
         """Where run ``name`` of the spec (``item``) lands for ``cfg`` (its seed's config)."""
@@ -329,7 +333,7 @@ class Study:
         """A tuning run (its directory): the experiment's own baseline when it is that configuration."""
         seed = self.spec["tuning"]["seed"]
         sets = [f"seed={seed}", f"train.lr={lr}", f"train.warmup={warmup}"]
-        main = self.home / f"baseline-seed{seed}"
+        main = self.main_baseline(seed)
         if finished(main) and not config_differences(main, load_config(self.config, sets), "baseline"):
             return main
         out = self.root / f"{self.experiment}-tuning" / f"baseline-lr{lr:g}-wu{warmup}-seed{seed}"

@@ -11,6 +11,7 @@ from models import FACTORIES, example_input, outputs, randomize
 from mlresearch.analysis import MinibatchCKA, capture, head_similarity, layer_similarity, linear_cka, neuron_similarity
 from mlresearch.analysis.metrics import gram, hsic_unbiased, pairwise
 from mlresearch.analysis.schemes import scheme_from_similarity
+from mlresearch.analysis.similarity import METRICS
 from mlresearch.families import family_of
 
 
@@ -171,12 +172,30 @@ def test_padding_mask_zeroes_padded_keys():
     assert sim.shape == (4, 4) and torch.allclose(torch.diagonal(sim), torch.ones(4, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("name", list(METRICS))
+def test_every_similarity_metric_gives_symmetric_matrices_with_a_fixed_diagonal(name):
+    """Each registered metric (a new one is one entry in METRICS): a layer compared with itself is
+    at the metric's fixed point (similarity 1, or distance 0 for attention rows), matrices are
+    symmetric; a metric of attention rows refuses features with one clear line."""
+    model = randomize(FACTORIES["gpt2"](), 2)
+    cap = capture(model, example_input(model, batch=4))
+    m = METRICS[name]
+    kinds = ["attention"] if m.on_attention_rows else ["features", "attention"]
+    for kind in kinds:
+        sim = layer_similarity(cap, name, kind=kind)
+        assert sim.shape == (4, 4) and torch.allclose(sim, sim.T)
+        fixed = 0.0 if m.on_attention_rows else 1.0
+        assert torch.allclose(torch.diagonal(sim), torch.full((4,), fixed, dtype=sim.dtype), atol=1e-6)
+    if m.on_attention_rows:
+        with pytest.raises(ValueError, match=f"metric '{name}' compares attention maps row by row"):
+            layer_similarity(cap, name, kind="features")
+    with pytest.raises(ValueError, match="metric must be one of cka, cka-unbiased, cosine, attention, got 'cca'"):
+        layer_similarity(cap, "cca")
+
+
 def test_similarity_matrices_and_neuron_summary():
     model = randomize(FACTORIES["gpt2"](), 2)
     cap = capture(model, example_input(model, batch=4))
-    for metric in ("cka", "cka-unbiased", "cosine"):
-        m = layer_similarity(cap, metric)
-        assert m.shape == (4, 4) and torch.allclose(m, m.T)
     js = layer_similarity(cap, "attention", kind="attention")
     assert torch.all(torch.diagonal(js) == 0) and js.max() <= np.log(2) + 1e-9
     heads = head_similarity(cap, 0, "cosine")

@@ -270,7 +270,7 @@ def test_the_small_phase_can_keep_its_lr_flat_while_the_rest_decays(tmp_path):
     from mlresearch.training.run import default_out
 
     assert default_out(cfg, "vcycle", tmp_path).name.endswith("-small_constant-seed0")
-    with pytest.raises(ConfigError, match="small_schedule must be linear, cosine or constant"):
+    with pytest.raises(ConfigError, match="small_schedule must be 'linear', 'cosine' or 'constant' \\(or unset: train.schedule\\)"):
         build_plan(smoke("gpt2", "vcycle.small_schedule=flat"), "vcycle")
 
 

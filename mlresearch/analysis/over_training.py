@@ -14,7 +14,7 @@ import torch
 
 from ..checkpoint import load_model
 from .capture import capture
-from .similarity import head_similarity, layer_similarity
+from .similarity import head_similarity, layer_similarity, metric_of
 
 
 def similarity_frame(model, batch: dict, metric: str = "cka", label: dict | None = None) -> pd.DataFrame:
@@ -27,7 +27,7 @@ def similarity_frame(model, batch: dict, metric: str = "cka", label: dict | None
                 rows.append({**(label or {}), "metric": name, "kind": kind, "layer": layer, "i": i, "j": j,
                              "value": float(matrix[i, j])})
 
-    if metric == "attention":
+    if metric_of(metric).on_attention_rows:
         add(layer_similarity(cap, "attention", kind="attention"), "attention", None, "js")
         for layer in range(len(cap.attentions)):
             add(head_similarity(cap, layer, "attention", kind="attention"), "heads", layer, "js")

@@ -12,6 +12,7 @@ from ..data.datasets import load_data, make_batch
 from ..results import provenance, write_json
 from . import plots
 from .over_training import matrix_from_frame, similarity_frame, similarity_over_training, summary_over_training
+from .similarity import metric_of
 
 
 def probe_batch(config_path: str | Path, examples: int = 16) -> dict:
@@ -48,6 +49,7 @@ def similarity_report(out: str | Path, run: str | Path | None = None, model_dir:
                       overwrite: bool = False) -> Path:
     if (run is None) == (model_dir is None):
         raise ValueError("give exactly one of --run or --model")
+    metric_of(metric)  # an unknown metric is one line, before anything is read
     if overwrite:
         check_overwrite(out, REPORT)  # before any work: only a report this project wrote is replaced
     elif Path(out).exists():
@@ -82,7 +84,8 @@ def similarity_report(out: str | Path, run: str | Path | None = None, model_dir:
              "metric": metric, "examples": examples}, seed=-1))
         frame.to_csv(tmp / "similarity.csv", index=False)
         last = frame[frame.snapshot == frame.snapshot.iloc[-1]]
-        layer_kind = "attention" if metric == "attention" else "layers"
+        rows_of_attention = metric_of(metric).on_attention_rows
+        layer_kind = "attention" if rows_of_attention else "layers"
         subject = _subject(run, model_dir)
         snaps = frame.drop_duplicates("snapshot")
         plots.save(plots.small_multiples({_when(r): matrix_from_frame(frame[frame.snapshot == r.snapshot], layer_kind)
@@ -92,7 +95,7 @@ def similarity_report(out: str | Path, run: str | Path | None = None, model_dir:
         heads = {f"layer {int(l)}": matrix_from_frame(last, "heads", l) for l in sorted(last.layer.dropna().unique())}
         plots.save(plots.small_multiples(heads, f"{subject}: head similarity within each layer ({name}), "
                                          f"{_when(next(last.itertuples()))}", "head", name), tmp / "heads.png")
-        if metric != "attention" and frame.snapshot.nunique() > 1:
+        if not rows_of_attention and frame.snapshot.nunique() > 1:
             summary = summary_over_training(frame)
             summary.to_csv(tmp / "summary.csv", index=False)
             plots.save(plots.trend(summary, f"{subject}: mean similarity ({name}) over training"), tmp / "trend.png")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
 import torch
 from torch import nn
@@ -11,7 +14,32 @@ from ..families import family_of
 from .capture import Capture
 from .metrics import cosine, js_divergence, linear_cka, pairwise
 
-METRICS = ("cka", "cka-unbiased", "cosine", "attention")
+@dataclass(frozen=True)
+class Metric:
+    """One way to compare representations, by its name (``--metric``): ``compare(a, b)``, a similarity of
+    two (examples, features) matrices; or, ``on_attention_rows``, attention maps compared row by row
+    (the Jensen-Shannon divergence of real query tokens' attention: a distance, for attention only)."""
+
+    name: str
+    compare: Callable | None = None
+    on_attention_rows: bool = False
+
+
+METRICS = {m.name: m for m in (
+    Metric("cka", linear_cka),
+    Metric("cka-unbiased", partial(linear_cka, unbiased=True)),
+    Metric("cosine", cosine),
+    Metric("attention", on_attention_rows=True),
+)}
+
+
+def metric_of(name: "str | Metric") -> Metric:
+    """The metric called ``name`` (a :class:`Metric` is its own)."""
+    if isinstance(name, Metric):
+        return name
+    if name not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {name!r}")
+    return METRICS[name]
 
 
 def _tokens(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -19,14 +47,11 @@ def _tokens(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return x[mask].reshape(int(mask.sum()), -1)
 
 
-def _compare(metric: str):
-    if metric == "cka":
-        return lambda a, b: linear_cka(a, b)
-    if metric == "cka-unbiased":
-        return lambda a, b: linear_cka(a, b, unbiased=True)
-    if metric == "cosine":
-        return cosine
-    raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+def _compare(metric: "str | Metric"):
+    m = metric_of(metric)
+    if m.on_attention_rows:
+        raise ValueError(f"metric {m.name!r} compares attention maps row by row: use it with kind='attention'")
+    return m.compare
 
 
 def layer_similarity(cap: Capture, metric: str = "cka", kind: str = "features") -> torch.Tensor:
@@ -39,7 +64,7 @@ def layer_similarity(cap: Capture, metric: str = "cka", kind: str = "features") 
         return pairwise(items, _compare(metric))
     if kind != "attention":
         raise ValueError(f"kind must be 'features' or 'attention', got {kind!r}")
-    if metric == "attention":
+    if metric_of(metric).on_attention_rows:
         rows = cap.mask[:, None, :]
         return pairwise(cap.attentions, lambda a, b: js_divergence(a, b, rows))
     items = [a.permute(0, 2, 1, 3)[cap.mask] for a in cap.attentions]  # (tokens, H, T)
@@ -50,7 +75,7 @@ def head_similarity(cap: Capture, layer: int, metric: str = "cosine", kind: str 
     """H x H matrix within one layer: heads' attention maps, or (``kind="outputs"``) their outputs."""
     if kind == "attention":
         maps = [cap.attentions[layer][:, h] for h in range(cap.attentions[layer].shape[1])]
-        if metric == "attention":
+        if metric_of(metric).on_attention_rows:
             return pairwise(maps, lambda a, b: js_divergence(a, b, cap.mask))
         return pairwise([m[cap.mask] for m in maps], _compare(metric))
     if kind == "outputs":
@@ -85,4 +110,4 @@ def neuron_similarity(model: nn.Module) -> list[dict]:
     return out
 
 
-__all__ = ["head_similarity", "layer_similarity", "neuron_similarity"]
+__all__ = ["METRICS", "Metric", "head_similarity", "layer_similarity", "metric_of", "neuron_similarity"]

@@ -22,6 +22,7 @@ from ..checkpoint import parse_yaml, read_structured
 from ..errors import MLResearchError
 from ..families import FAMILIES
 from ..tasks import TASKS as _TASKS
+from .schedules import SCHEDULE_KINDS
 
 TASKS = tuple(_TASKS)
 
@@ -86,8 +87,7 @@ class DataConfig:
         d = self
         positive(d.seq_len, "data.seq_len")
         positive(d.vocab_size, "data.vocab_size")
-        if d.tokenizer not in ("train", "gpt2"):
-            raise ConfigError(f"data.tokenizer must be 'train' or 'gpt2', got {d.tokenizer!r}")
+        one_of(d.tokenizer, "data.tokenizer", ("train", "gpt2"))
         number(d.val_fraction, "data.val_fraction", 0, 1, low_open=True, high_open=True)
         number(d.test_fraction, "data.test_fraction", 0, 1, high_open=True)
         number(d.tune_fraction, "data.tune_fraction", 0, 1, high_open=True)
@@ -176,8 +176,7 @@ class TrainConfig:
             flag(getattr(t, name), f"train.{name}")
         if t.warmup > t.steps:
             raise ConfigError(f"train.warmup {t.warmup} exceeds train.steps {t.steps}")
-        if t.schedule not in ("linear", "cosine", "constant"):
-            raise ConfigError(f"train.schedule must be linear, cosine or constant, got {t.schedule!r}")
+        one_of(t.schedule, "train.schedule", SCHEDULE_KINDS)
         number(t.lr, "train.lr", 0, low_open=True)
 
 
@@ -300,6 +299,16 @@ def tag(value, name: str) -> None:
     """A ``tag`` setting: it names a run directory, so letters, digits and _ . + - only (or empty)."""
     if not isinstance(value, str) or (value and not re.fullmatch(r"[A-Za-z0-9_.+-]+", value)):
         raise ConfigError(f"{name} names a run directory: letters, digits and _ . + - only, got {value!r}")
+
+
+def one_of(value, name: str, options: tuple, unset: str = "") -> None:
+    """``value`` is one of ``options`` (the one list the validator and the code that reads the
+    choice share); ``unset``: what leaving it unset (None) means, where it may be left unset."""
+    if value is None and unset:
+        return
+    if isinstance(value, bool) or value not in options:
+        listed = ", ".join(repr(o) for o in options[:-1]) + f" or {options[-1]!r}"
+        raise ConfigError(f"{name} must be {listed}{f' (or unset: {unset})' if unset else ''}, got {value!r}")
 
 
 def flag(value, name: str) -> None:

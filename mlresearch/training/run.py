@@ -60,9 +60,10 @@ def _latest_checkpoint_rows(ckpt: Path) -> int:
     return max((state_value(d, "log_rows") for d in ckpt.iterdir() if d.is_dir() and state_exists(d)), default=0)
 
 
-def config_differences(out: Path, cfg: RunConfig, kind: str = "vcycle") -> list[str]:
+def config_differences(out: Path, cfg: RunConfig, kind: str) -> list[str]:
     """Dotted keys whose values in ``out/config.yaml`` differ from ``cfg`` (keys the stored
-    config lacks count as equal when ``cfg`` has their default)."""
+    config lacks count as equal when ``cfg`` has their default), among the settings method ``kind``
+    reads."""
     path = Path(out) / "config.yaml"
     if not path.exists():
         return []

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 
+SCHEDULE_KINDS = ("linear", "cosine", "constant")  # train.schedule, vcycle.small_schedule
 CONSTANT_OP = {"width": 1.776, "depth": 1.412, "depth_width": 2.455}
 
 
@@ -29,7 +30,7 @@ class WarmupDecay:
     floor: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("linear", "cosine", "constant"):
+        if self.kind not in SCHEDULE_KINDS:
             raise ValueError(f"schedule kind must be linear, cosine or constant, got {self.kind!r}")
         if self.warmup < 0 or self.total <= 0 or self.warmup > self.total:
             raise ValueError(f"need 0 <= warmup <= total and total > 0, got warmup={self.warmup}, total={self.total}")

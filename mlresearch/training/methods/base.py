@@ -14,6 +14,10 @@ import torch
 
 from ..config import RunConfig
 
+# The optimizer at a transition that changes the model: a fresh one (reset) or the old one's state
+# carried over to the new parameters (carry); every method with the choice validates it against this.
+OPTIMIZER_CHOICES = ("reset", "carry")
+
 
 @dataclass(frozen=True)
 class Step:
@@ -144,15 +148,15 @@ def check_small_then_grown(section: str, settings) -> None:
     times wider and ``depth`` times deeper shares (bert2BERT, LiGO, MSG): positive whole numbers,
     something to grow, a re-warm-up of 0 or more, a tag fit for a directory name, and (where the
     method has one) ``optimizer`` reset or carry. Shapes and budgets are checked when the plan is built."""
-    from ..config import ConfigError, positive, tag
+    from ..config import ConfigError, one_of, positive, tag
 
     for key in ("steps", "width", "depth"):
         positive(getattr(settings, key), f"{section}.{key}")
     if settings.width == 1 and settings.depth == 1:
         raise ConfigError(f"{section}: width 1 and depth 1 grow nothing; make one of them >= 2")
     positive(settings.rewarmup, f"{section}.rewarmup", zero_ok=True)
-    if getattr(settings, "optimizer", "reset") not in ("reset", "carry"):
-        raise ConfigError(f"{section}.optimizer must be 'reset' or 'carry', got {settings.optimizer!r}")
+    if hasattr(settings, "optimizer"):
+        one_of(settings.optimizer, f"{section}.optimizer", OPTIMIZER_CHOICES)
     tag(settings.tag, f"{section}.tag")
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import ConfigError, MethodSettings, RunConfig, method_settings, positive, tag
+from ..config import ConfigError, MethodSettings, RunConfig, method_settings, one_of, positive, tag
 from ..models import model_sizes
 from ..phase import Phase
-from .base import Method, Plan, Step, register
+from .base import OPTIMIZER_CHOICES, Method, Plan, Step, register
 
 
 @method_settings("stackbert")
@@ -31,8 +31,7 @@ class StackBERTSettings(MethodSettings):
         for i, s in enumerate(self.steps):
             positive(s, f"stackbert.steps[{i}]")
         positive(self.rewarmup, "stackbert.rewarmup", zero_ok=True)
-        if self.optimizer not in ("reset", "carry"):
-            raise ConfigError(f"stackbert.optimizer must be 'reset' or 'carry', got {self.optimizer!r}")
+        one_of(self.optimizer, "stackbert.optimizer", OPTIMIZER_CHOICES)
         tag(self.tag, "stackbert.tag")
         # The layers (divisible by 2^k) and the budget are checked when the plan is built.
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ...families import Sizes
 from ...operators import grow_depth, grow_width
-from ..config import ConfigError, MethodSettings, RunConfig, flag, method_settings, number, positive, tag
+from ..config import ConfigError, MethodSettings, RunConfig, flag, method_settings, number, one_of, positive, tag
 from ..models import model_sizes
 from ..schedules import CONSTANT_OP
 from ..trigger import THRESHOLDS
@@ -54,8 +54,7 @@ class StagedSettings(MethodSettings):
                 raise ConfigError(f"staged.thresholds needs one slope per growth ({len(st.grow)}), got {st.thresholds!r}")
             for i, t in enumerate(st.thresholds):
                 number(t, f"staged.thresholds[{i}]", float("-inf"), 0, high_open=True)
-        if st.depth_where not in ("alternate", "append"):
-            raise ConfigError(f"staged.depth_where must be 'alternate' or 'append', got {st.depth_where!r}")
+        one_of(st.depth_where, "staged.depth_where", ("alternate", "append"))
         tag(st.tag, "staged.tag")
         # The shapes (they must halve) and the budget are checked when the staged plan is built: they
         # involve the model and train sections, which a run of another method may change freely.

@@ -16,10 +16,11 @@ from ...families import FAMILIES, Sizes
 from ...operators import (Scheme, coalesce, coalesce_state, decoalesce, decoalesce_preserving, decoalesce_state,
                           interpolate, make_plan, norm_ratios)
 from ...tasks import task_of
-from ..config import ConfigError, MethodSettings, RunConfig, method_settings, number, positive, tag
+from ..config import ConfigError, MethodSettings, RunConfig, method_settings, number, one_of, positive, tag
 from ..models import model_sizes
 from ..phase import Phase
-from .base import Context, Method, Plan, State, Step, name_part, register, transition
+from ..schedules import SCHEDULE_KINDS
+from .base import OPTIMIZER_CHOICES, Context, Method, Plan, State, Step, name_part, register, transition
 
 
 @dataclass(frozen=True)
@@ -100,9 +101,7 @@ class VCycleSettings(MethodSettings):
             raise ConfigError(f"vcycle.small_warmup {v.small_warmup} exceeds vcycle.small_steps {v.small_steps}")
         if not isinstance(v.partner, str):
             raise ConfigError(f"vcycle.partner must be a model directory (or empty), got {v.partner!r}")
-        if v.small_schedule not in (None, "linear", "cosine", "constant"):
-            raise ConfigError(f"vcycle.small_schedule must be linear, cosine or constant (or unset: train.schedule), "
-                              f"got {v.small_schedule!r}")
+        one_of(v.small_schedule, "vcycle.small_schedule", SCHEDULE_KINDS, unset="train.schedule")
         if v.down_warmup and any(w > s for w, s in zip(v.down_warmup, v.down_steps)):
             raise ConfigError("vcycle.down_warmup exceeds its phase's down_steps")
         if v.up_warmup and any(w > s for w, s in zip(v.up_warmup, v.up_steps)):
@@ -110,11 +109,9 @@ class VCycleSettings(MethodSettings):
         if not isinstance(v.tag, str) or not isinstance(v.scheme, str):
             raise ConfigError(f"vcycle.tag and vcycle.scheme must be strings, got {v.tag!r} and {v.scheme!r}")
         tag(v.tag, "vcycle.tag")
-        if v.up_path not in ("copy", "identity"):
-            raise ConfigError(f"vcycle.up_path must be 'copy' or 'identity', got {v.up_path!r}")
+        one_of(v.up_path, "vcycle.up_path", ("copy", "identity"))
         number(v.tie_break, "vcycle.tie_break", 0)
-        if v.optimizer not in ("reset", "carry"):
-            raise ConfigError(f"vcycle.optimizer must be 'reset' or 'carry', got {v.optimizer!r}")
+        one_of(v.optimizer, "vcycle.optimizer", OPTIMIZER_CHOICES)
         if Alpha.parse(v.alpha).mode == "search" and not cfg.data.tune_fraction:
             raise ConfigError("vcycle.alpha: search chooses alpha on a tuning split held out of training and of the "
                               "validation split; set data.tune_fraction > 0 (e.g. 0.02)")
