@@ -27,6 +27,7 @@ from .data import corpora
 from .data.datasets import text_split
 from .data.text import DataError
 from .results import provenance, write_json
+from .tasks import task_of
 from .training.config import load_config
 from .training.models import data_settings
 from .training.record import RunRecord
@@ -176,7 +177,9 @@ def image_top1(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> di
     return {"task": "test_top1", "accuracy": record.test["test_acc"]}
 
 
-CHECKS = {"causal_lm": zero_shot_perplexity, "masked_lm": bbc_topic_accuracy, "image_cls": image_top1}
+# Each task names its check (tasks.Downstream.check).
+CHECKS = {"zero_shot_perplexity": zero_shot_perplexity, "bbc_topic_accuracy": bbc_topic_accuracy,
+          "image_top1": image_top1}
 
 
 def evaluate_run(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> dict:
@@ -184,7 +187,7 @@ def evaluate_run(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> 
     run = Path(run)
     cfg, *_ = finished_run(run)
     with torch_threads(dc.threads):
-        result = CHECKS[cfg.task](run, dc)
+        result = CHECKS[task_of(cfg.task).downstream.check](run, dc)
     record = {"run": run.name, "task": cfg.task, **result, "provenance": provenance(asdict(dc), dc.seed)}
     write_json(run / "downstream.json", record)
     return record

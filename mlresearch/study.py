@@ -62,7 +62,7 @@ def _runs(results: Path):
 
 def _downstream(record: RunRecord) -> float | None:
     """The run's downstream number (``mlresearch downstream``), or its own test top-1 for images."""
-    key = task_of(record.task).downstream[0]
+    key = task_of(record.task).downstream.key
     path = record.run / "downstream.json"
     if path.exists():
         return json.loads(path.read_text())[key]
@@ -397,13 +397,13 @@ def _baseline_downstream(ours: pd.DataFrame) -> str:
     if not len(ours) or ours.baseline_downstream.isna().all():
         return "-"
     best = ours[ours.baseline_downstream.notna()].sort_values("seeds", ascending=False).iloc[0]
-    return f"{task_of(best.task).downstream[1]} {_downstream_number(best.task, best.baseline_downstream)} " \
+    return f"{task_of(best.task).downstream.label} {_downstream_number(best.task, best.baseline_downstream)} " \
            f"({int(best.seeds)} seeds)"
 
 
 def _downstream_number(task: str, value: float) -> str:
-    """A downstream number as the tables print it: a perplexity to 0.1, an accuracy to 0.001."""
-    return f"{value:.1f}" if task_of(task).downstream[0] == "perplexity" else f"{value:.3f}"
+    """A downstream number as the tables print it (a perplexity to 0.1, an accuracy to 0.001)."""
+    return f"{value:.{task_of(task).downstream.digits}f}"
 
 
 def _reported(row, key: str) -> str:
@@ -418,7 +418,7 @@ def _reported(row, key: str) -> str:
 def _downstream_cell(row) -> str:
     if pd.isna(row.method_downstream) or pd.isna(row.baseline_downstream):
         return "-"
-    name = task_of(row.task).downstream[1]
+    name = task_of(row.task).downstream.label
     cell = (f"{name} {_downstream_number(row.task, row.method_downstream)} vs "
             f"{_downstream_number(row.task, row.baseline_downstream)}")
     if task_of(row.task).accuracy:

@@ -35,11 +35,23 @@ class TextLayout:
 
 
 @dataclass(frozen=True)
+class Downstream:
+    """A task's check after training (``mlresearch downstream``): ``check``, the name of its function in
+    :data:`mlresearch.downstream.CHECKS`; ``key``, its number in ``downstream.json``; ``label``, the
+    study tables' column; ``digits``, the decimals the tables print it to."""
+
+    check: str
+    key: str
+    label: str
+    digits: int
+
+
+@dataclass(frozen=True)
 class Task:
     name: str
     sequences: bool  # examples are token sequences of data.seq_len (FLOPs and tokens count per token)
     accuracy: bool  # evaluation also counts correct predictions (reported as <split>_acc)
-    downstream: tuple[str, str]  # (key of downstream.json, label of the study tables' column)
+    downstream: Downstream
     text: TextLayout | None = None  # a text task's token stream (None: examples are images)
 
     def seq_len(self, cfg) -> int | None:
@@ -144,13 +156,13 @@ class ImageClassification(Task):
 
 
 TASKS: dict[str, Task] = {
-    "causal_lm": CausalLM("causal_lm", sequences=True, accuracy=False, downstream=("perplexity", "zero-shot ppl"),
+    "causal_lm": CausalLM("causal_lm", sequences=True, accuracy=False, downstream=Downstream("zero_shot_perplexity", "perplexity", "zero-shot ppl", 1),
                           text=TextLayout("bpe", ("<|endoftext|>",), ("eos",), end="eos")),
-    "masked_lm": MaskedLM("masked_lm", sequences=True, accuracy=False, downstream=("accuracy", "BBC topic acc"),
+    "masked_lm": MaskedLM("masked_lm", sequences=True, accuracy=False, downstream=Downstream("bbc_topic_accuracy", "accuracy", "BBC topic acc", 3),
                           text=TextLayout("wordpiece", ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"),
                                           ("pad", "unk", "cls", "sep", "mask"), end="sep", wrap=("cls", "sep"))),
     "image_cls": ImageClassification("image_cls", sequences=False, accuracy=True,
-                                     downstream=("accuracy", "test top-1")),
+                                     downstream=Downstream("image_top1", "accuracy", "test top-1", 3)),
 }
 
 

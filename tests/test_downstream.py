@@ -175,3 +175,13 @@ def test_the_classifier_is_the_familys_and_must_be_filled_by_the_saved_encoder(t
     family_of(gpt2).save(gpt2, tmp_path / "gpt2")
     with pytest.raises(UnsupportedModelError, match="family 'gpt2' has no sequence classifier"):
         family_of(gpt2).load_classifier(tmp_path / "gpt2", num_labels=5)
+
+
+def test_every_task_names_a_downstream_check_that_exists():
+    """A task's check is a fact of the task (tasks.Downstream), found in downstream.CHECKS by name."""
+    from mlresearch.downstream import CHECKS
+    from mlresearch.tasks import TASKS
+
+    for task in TASKS.values():
+        assert task.downstream.check in CHECKS, task.name
+    assert {t.downstream.check for t in TASKS.values()} == set(CHECKS)  # and no check without a task
