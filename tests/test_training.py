@@ -527,6 +527,86 @@ def test_compiled_model_trains_like_the_eager_one(tmp_path):
         smoke("gpt2", "train.compile=3")
 
 
+# ----------------------------------------------------------------------------- per-shape execution (train.speed)
+FP32 = 1e-5  # how far an execution may move a 50-step run's losses from eager's (measured: <= 1e-6)
+SPEED_RUN = ("vcycle=null", "train.steps=50", "train.eval_every=10", "train.checkpoint_every=10")
+
+
+def train_losses(run):
+    return [r["train_loss"] for r in read_metrics(run) if "train_loss" in r]
+
+
+def test_every_execution_trains_the_eager_model_within_fp32_tolerance(tmp_path):
+    """Compiled or not, AdamW's fused kernel or not: the same 50 steps within FP32 of eager's losses (the
+    presets have no dropout: a compiled model would draw its own dropout masks), and the choice recorded."""
+    from mlresearch.training.config import SPEEDS
+    from mlresearch.training.speed import Execution
+
+    eager = run_method(smoke("gpt2", *SPEED_RUN), "baseline", tmp_path / "eager")
+    assert "execution" not in eager and RunRecord.read(tmp_path / "eager").execution == {"baseline": "eager"}
+    names = [e.name for e in (Execution(c, f) for c in (False, True) for f in (False, True))]
+    assert set(SPEEDS) == {*names, "auto"} and all(Execution.parse(n).name == n for n in names)
+    for name in names[1:]:
+        run = run_method(smoke("gpt2", *SPEED_RUN, f"train.speed={name}"), "baseline", tmp_path / name)
+        assert abs(run["final_full_val"]["val_loss"] - eager["final_full_val"]["val_loss"]) <= FP32, name
+        assert np.allclose(train_losses(tmp_path / name), train_losses(tmp_path / "eager"), rtol=0, atol=FP32), name
+        assert run["execution"] == {"baseline": name} == RunRecord.read(tmp_path / name).execution
+    with pytest.raises(ConfigError, match="train.speed must be 'eager', 'eager.fused', 'compiled', 'compiled.fused' or "
+                                          "'auto', got 'fast'"):
+        smoke("gpt2", "train.speed=fast")
+    with pytest.raises(ConfigError, match="train.speed: auto says whether to compile; leave train.compile false"):
+        smoke("gpt2", "train.speed=auto", "train.compile=true")
+
+
+def test_a_run_resumes_under_another_execution(tmp_path):
+    """Checkpoints are the plain model's and optimizer's: a run killed under compiled+fused resumes
+    eager (a setting resume does not compare) and ends within FP32 of an uninterrupted eager run,
+    its rows replayed from the checkpoint without a gap or a repeat."""
+    eager = run_method(smoke("gpt2", *SPEED_RUN), "baseline", tmp_path / "eager")
+    args = ["run", str(CONFIGS / "gpt2_smoke.yaml"), "--method", "baseline", "--out", str(tmp_path / "run"),
+            *[a for s in SPEED_RUN for a in ("--set", s)]]
+    killed = _cli([*args, "--set", "train.speed=compiled+fused"], {"MLRESEARCH_FAULT": "step:baseline:25"}, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    resumed = _cli([*args, "--resume"], timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert abs(summary["final_full_val"]["val_loss"] - eager["final_full_val"]["val_loss"]) <= FP32
+    steps = [r["step"] for r in read_metrics(tmp_path / "run") if "train_loss" in r]
+    assert steps == list(range(1, 51))
+    assert np.allclose(train_losses(tmp_path / "run"), train_losses(tmp_path / "eager"), rtol=0, atol=FP32)
+    assert summary["execution"] == {"baseline": "compiled+fused"}  # what the phase started as
+
+
+def test_auto_takes_the_fastest_measured_execution_once_per_shape(tmp_path, monkeypatch):
+    """The choice is the trial's fastest; a second run of the shape reads the cache (JSON; a damaged
+    one is measured again); the trial leaves the run's random draws as they were: with dropout, an
+    auto run that can only choose eager+fused is bit-identical to an eager+fused run."""
+    from accelerate import Accelerator
+
+    from mlresearch.training import speed
+    from mlresearch.training.speed import Execution
+
+    monkeypatch.setenv("MLRESEARCH_CACHE", str(tmp_path / "cache"))
+    options, measured = [Execution(False, False), Execution(False, True), Execution(True, False)], []
+    times = {"eager": 3.0, "eager+fused": 1.0, "compiled": 2.0}
+    fake = lambda e: measured.append(e.name) or times[e.name]  # noqa: E731
+    best, trial = speed.choose(options, "shape-a", fake, Accelerator(cpu=True))
+    assert best == Execution(False, True) and not trial["cached"] and measured == ["eager", "eager+fused", "compiled"]
+    again, trial = speed.choose(options, "shape-a", fake, Accelerator(cpu=True))
+    assert again == best and trial["cached"] and len(measured) == 3 and trial["seconds_per_step"] == times
+    (tmp_path / "cache" / "speed.json").write_text("{")
+    speed.choose(options, "shape-a", fake, Accelerator(cpu=True))
+    assert len(measured) == 6
+    dropout = ("model.options.resid_pdrop=0.1", "model.options.attn_pdrop=0.1")
+    pinned = run_method(smoke("gpt2", *SPEED_RUN, *dropout, "train.speed=eager+fused"), "baseline", tmp_path / "pinned")
+    monkeypatch.setattr(speed, "candidates", lambda phase, cfg: [Execution(False, True)])
+    auto = run_method(smoke("gpt2", *SPEED_RUN, *dropout, "train.speed=auto"), "baseline", tmp_path / "auto")
+    (event,) = [r for r in read_metrics(tmp_path / "auto") if r.get("event") == "execution"]
+    assert not event["cached"] and event["execution"] == "eager+fused"
+    assert train_losses(tmp_path / "auto") == train_losses(tmp_path / "pinned")
+    assert auto["final_full_val"] == pinned["final_full_val"]
+
+
 def test_local_text_dataset_path(tmp_path):
     """Paper presets read a local dataset (here a tiny one saved with `datasets`)."""
     import datasets

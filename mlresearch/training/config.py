@@ -62,6 +62,10 @@ class ModelConfig:
             raise ConfigError(f"model.options for {m.family}: {problem}")
 
 
+# train.speed (training/speed.py): one execution for every phase, or "auto", each phase's measured fastest
+SPEEDS = ("eager", "eager+fused", "compiled", "compiled+fused", "auto")
+
+
 @dataclass
 class DataConfig:
     corpus: Any = field(default_factory=lambda: ["bible", "bbc"])
@@ -141,6 +145,7 @@ class TrainConfig:
     compile: Any = False  # torch.compile the model: true (inductor) or a backend name
     peak_tflops: float | None = None  # per device, for the MFU column (default: known GPUs' dense bf16 peak)
     fsdp: bool = False  # shard model and optimizer across processes (accelerate's FSDP2); 1 process: no effect
+    speed: str = "eager"  # compile? AdamW's fused kernel? "auto": chosen per model shape by a measured trial
 
     def validate(self) -> None:
         t = self
@@ -156,6 +161,9 @@ class TrainConfig:
             if t.batch_size % t.micro_batch_size:
                 raise ConfigError(f"train.micro_batch_size {t.micro_batch_size} does not divide train.batch_size "
                                   f"{t.batch_size} (the global batch is accumulated from whole micro-batches)")
+        one_of(t.speed, "train.speed", SPEEDS)
+        if t.speed != "eager" and t.compile:
+            raise ConfigError(f"train.speed: {t.speed} says whether to compile; leave train.compile false with it")
         if not (isinstance(t.compile, bool) or (isinstance(t.compile, str) and t.compile)):
             raise ConfigError(f"train.compile must be true, false or a torch.compile backend name, got {t.compile!r}")
         if isinstance(t.compile, str) and t.compile not in _compile_backends():

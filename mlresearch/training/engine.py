@@ -15,6 +15,7 @@ import copy
 import json
 import math
 import random
+import statistics
 import sys
 import time
 from contextlib import contextmanager
@@ -34,6 +35,7 @@ from ..faults import fault_point
 from ..tasks import task_of
 from .config import RunConfig
 from .flops import eval_flops_per_example, peak_flops, train_flops_per_example
+from . import speed
 from .phase import Phase
 
 
@@ -278,10 +280,24 @@ def train_phase(
     accelerator.free_memory()  # drop the previous phase's references
     seq = task_of(data.task).seq_len(cfg)
     flops_per_example, tokens_per_example = train_flops_per_example(model, seq), seq or 1
-    model, optimizer, scheduler, raw, sharded = _distribute(model, optimizer, scheduler, phase, cfg, accelerator)
-    extras = PhaseExtras(phase, teacher, raw, progress.start, accelerator.device, seq)
     batch, world = t.batch_size, accelerator.num_processes
     micro = _micro_batch(cfg, world)
+    compiled = t.compile
+    if t.speed != "eager":  # one execution, or (auto) this shape's fastest, measured or cached: training/speed.py
+        if t.speed == "auto":
+            execution, trial = _choose_execution(model, phase, cfg, data, accelerator, micro)
+        else:
+            execution = speed.Execution.parse(t.speed)
+            if execution not in speed.candidates(phase, cfg):  # (a phase that is never compiled: eager)
+                execution = speed.Execution(compile=False, fused=execution.fused)
+            trial = {**asdict(execution), "execution": execution.name}
+        execution.set_kernel(optimizer)
+        compiled = execution.compile
+        if progress.start == 0:  # (a resumed phase wrote it before its checkpoint)
+            run_state.log.write({"event": "execution", "phase": phase.name, "level": phase.level, **trial})
+    model, optimizer, scheduler, raw, sharded = _distribute(model, optimizer, scheduler, phase, cfg, accelerator,
+                                                            compiled)
+    extras = PhaseExtras(phase, teacher, raw, progress.start, accelerator.device, seq)
     first_bad = torch.zeros((), dtype=torch.long, device=accelerator.device)  # step of the first non-finite loss
     loop = PhaseLoop(phase, cfg, accelerator, run_state, progress, raw, optimizer, scheduler, sharded, ckpt_dir)
     hooks = phase_hooks(loop, data)
@@ -535,9 +551,42 @@ def _optimizer_and_schedule(model: nn.Module, optimizer, phase: Phase, cfg: RunC
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, phase.schedule(t.schedule, t.min_lr_ratio))
 
 
-def _distribute(model, optimizer, scheduler, phase: Phase, cfg: RunConfig, accelerator):
+def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data, accelerator, micro: int,
+                      warmup: int = 3, steps: int = 8):
+    """``train.speed: auto``: the phase's execution (:func:`speed.choose`), each candidate timed on a
+    copy of ``model`` over ``steps`` steps of the run's first batches after ``warmup`` untimed ones;
+    the run's random generators are as before the trial."""
+
+    def measure(execution: speed.Execution) -> float:
+        trial = copy.deepcopy(model).train()
+        optimizer = new_optimizer(trial, cfg, phase.lr)
+        execution.set_kernel(optimizer)
+        runner = torch.compile(trial) if execution.compile else trial
+        times = []
+        for step in range(warmup + steps):
+            tick = time.perf_counter()
+            idx = batch_indices(len(data.train), cfg.train.batch_size, step, cfg.seed)
+            total = accumulate(runner, data, idx[accelerator.process_index::accelerator.num_processes], micro, step,
+                               cfg, accelerator)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            total.item()  # the host waits for the device: the step is over
+            times.append(time.perf_counter() - tick)
+        return statistics.median(times[warmup:])
+
+    rng = RNG()
+    saved = rng.state_dict()  # the trial draws dropout masks: the run's next draws stay its own
+    try:
+        key = speed.trial_key(model, cfg, data, accelerator.device, micro, accelerator.num_processes)
+        return speed.choose(speed.candidates(phase, cfg), key, measure, accelerator)
+    finally:
+        rng.load_state_dict(saved)
+
+
+def _distribute(model, optimizer, scheduler, phase: Phase, cfg: RunConfig, accelerator, compiled):
     """The model and optimizer under DDP (``accelerate``) or FSDP2 (:class:`Sharded`), maybe
-    compiled; ``raw`` is the plain model evaluation and checkpoints use."""
+    compiled (``compiled``: true, or a backend's name); ``raw`` is the plain model evaluation and
+    checkpoints use."""
     t = cfg.train
     if t.fsdp and accelerator.num_processes > 1:
         sharded = Sharded(model, cfg, phase.lr, accelerator.device)
@@ -546,8 +595,8 @@ def _distribute(model, optimizer, scheduler, phase: Phase, cfg: RunConfig, accel
         sharded = None
         model, optimizer = accelerator.prepare(model, optimizer)
     raw = accelerator.unwrap_model(model)
-    if t.compile:  # the compiled module shares raw's parameters; evaluation and checkpoints use raw
-        model = torch.compile(model, **({} if t.compile is True else {"backend": t.compile}))
+    if compiled:  # the compiled module shares raw's parameters; evaluation and checkpoints use raw
+        model = torch.compile(model, **({} if compiled is True else {"backend": compiled}))
     return model, optimizer, scheduler, raw, sharded
 
 

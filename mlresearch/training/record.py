@@ -104,6 +104,12 @@ class RunRecord:
         return int(self._described["full_model_non_embedding_parameters"])
 
     @property
+    def execution(self) -> dict:
+        """Each phase's execution (``train.speed: auto``: "compiled+fused", ...); "eager" by default."""
+        chosen = self.summary.get("execution") or {}
+        return {p["phase"]: chosen.get(p["phase"], "eager") for p in self.summary["phases"]}
+
+    @property
     def tokens_per_parameter(self) -> float:
         return math.nan if self.tokens is None else self.tokens / self.parameters
 

@@ -27,7 +27,7 @@ from ..overwrite import RUN, check_is_run, check_overwrite, check_writable_path
 from ..data.datasets import load_data
 from ..results import provenance, write_json
 from .config import SETTINGS, ConfigError, RunConfig, default_value, flatten_config
-from .engine import Ledger, MetricsLog, RunState, evaluate, train_phase
+from .engine import Ledger, MetricsLog, RunState, evaluate, read_metrics, train_phase
 from .methods import METHODS, build_plan, check_plan, execute
 from .phase import Phase
 from .models import build_model, check_model_fits_data, data_settings, model_sizes
@@ -80,7 +80,8 @@ def config_differences(out: Path, cfg: RunConfig, kind: str) -> list[str]:
     for k in keys - set(new):  # a section this config lacks (vcycle: null) counts as its default
         new[k] = None
     # Where and how fast the data is read or prepared changes nothing a run computes.
-    unread = {"train.threads", "data.num_proc", "data.prepared_dir"}
+    # So does how a step is executed (train.speed: the same model within fp32 tolerance).
+    unread = {"train.threads", "data.num_proc", "data.prepared_dir", "train.speed"}
     return sorted(k for k in keys if k not in unread and old.get(k) != new.get(k))
 
 
@@ -240,6 +241,9 @@ class Run:
         # is compared as), all parameters and non-embedding ones.
         summary.update(tokens_per_parameter=self.ledger.tokens / summary["full_model_parameters"],
                        tokens_per_non_embedding_parameter=self.ledger.tokens / summary["full_model_non_embedding_parameters"])
+        chosen = {r["phase"]: r["execution"] for r in read_metrics(self.out) if r.get("event") == "execution"}
+        if chosen:  # train.speed: auto (each phase's execution; the default, eager, is not written)
+            summary["execution"] = chosen
         if self.data.tune is not None and len(self.data.tune):  # for choices among runs, not the target
             summary["final_tune"] = evaluate(model, self.data, self.cfg, "tune", batches=10**9)
         if self.accelerator.is_main_process:

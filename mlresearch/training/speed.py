@@ -1,0 +1,119 @@
+"""How a phase's steps run, chosen per model shape (``train.speed: auto``).
+
+A growth method saves FLOPs by training small models, but a small model runs far below the machine's
+FLOP rate, so its wall-time saving trails its FLOPs saving. What runs a shape fastest differs by
+shape: on a 2-core CPU ``torch.compile`` makes GPT-2's 1L/64d shape 1.5x faster and its 2L/128d
+shape slower. So the choice is made per shape, by measurement: each candidate :class:`Execution`
+(eager or compiled, AdamW's multi-tensor or fused kernel) trains a copy of the phase's model for a
+few steps on the run's own batches, and the fastest per step is used. The trial touches nothing of
+the run (its model, optimizer, data position and random generators are as before) and is cached by
+shape, batch, device, threads and library versions in ``<data cache>/speed.json`` (JSON), so a
+machine measures a shape once. Its time is not charged to the ledger (like evaluation); the choice
+and the trial's timings are in ``metrics.jsonl`` (an ``execution`` event) and the run's record.
+
+The default, ``train.speed: eager``, is what every committed result was trained with; a choice
+trains the same model within fp32 tolerance (``tests/test_training.py``), and checkpoints are the
+plain model's and optimizer's, so a run resumes under either setting.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from ..checkpoint import atomic_write_text
+from ..data.datasets import Data
+from ..data.text import cache_dir
+from .config import RunConfig
+from .phase import Phase
+
+@dataclass(frozen=True)
+class Execution:
+    """``compile``: the model runs under ``torch.compile`` (inductor's default mode); ``fused``:
+    AdamW's fused kernel instead of its multi-tensor (foreach) one."""
+
+    compile: bool = False
+    fused: bool = False
+
+    @property
+    def name(self) -> str:
+        return ("compiled" if self.compile else "eager") + ("+fused" if self.fused else "")
+
+    @classmethod
+    def parse(cls, name: str) -> "Execution":
+        """The execution ``name`` names ("eager", "eager+fused", "compiled", "compiled+fused")."""
+        base, _, kernel = name.partition("+")
+        if base not in ("eager", "compiled") or kernel not in ("", "fused"):
+            raise ValueError(f"an execution is eager or compiled, with +fused or not; got {name!r}")
+        return cls(compile=base == "compiled", fused=kernel == "fused")
+
+    def set_kernel(self, optimizer: torch.optim.Optimizer) -> None:
+        """Point ``optimizer`` (new, carried or restored) at this execution's AdamW kernel."""
+        for group in optimizer.param_groups:
+            group["fused"], group["foreach"] = (True, False) if self.fused else (None, None)
+            if self.fused:  # the fused kernel keeps its step counts on the parameters' device
+                for p in group["params"]:
+                    state = optimizer.state.get(p)
+                    if state and torch.is_tensor(state.get("step")):
+                        state["step"] = state["step"].to(device=p.device, dtype=torch.float32)
+
+
+EAGER = Execution()
+
+
+def candidates(phase: Phase, cfg: RunConfig) -> list[Execution]:
+    """What a phase may run as. Not compiled: a phase whose masks ramp (MSG: the mask's value would
+    recompile every step) or that distils from a teacher, and one sharded with FSDP."""
+    compilable = phase.masks is None and phase.teacher is None and not cfg.train.fsdp
+    return [Execution(c, f) for c in ((False, True) if compilable else (False,)) for f in (False, True)]
+
+
+def trial_key(model: nn.Module, cfg: RunConfig, data: Data, device, micro: int, world: int) -> str:
+    """What a step's time depends on: the model (its class and parameter shapes), the batch, the
+    precision, the device and its threads, and the library versions."""
+    shapes = ";".join(f"{n}:{tuple(p.shape)}" for n, p in model.named_parameters())
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    t = cfg.train
+    return "|".join(str(x) for x in (type(model).__name__, shapes, cfg.task, data.task, t.batch_size, micro,
+                                     cfg.data.seq_len, t.bf16, t.grad_checkpointing, name, torch.get_num_threads(),
+                                     world, torch.__version__))
+
+
+def _cache_path():
+    return cache_dir() / "speed.json"
+
+
+def _read_cache() -> dict:
+    path = _cache_path()
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, json.JSONDecodeError):  # a damaged cache is measured again, never trusted
+        return {}
+
+
+def choose(options: list[Execution], key: str, measure, accelerator) -> tuple[Execution, dict]:
+    """The fastest of ``options`` for the shape ``key`` names, and the trial (seconds per step of each,
+    whether it came from the cache). ``measure(execution)``: seconds per step of a trial (the engine's,
+    on a copy of the phase's model). Measured once per shape and machine; on several processes the
+    main one's measurement is every process's choice."""
+    from accelerate.utils import broadcast_object_list
+
+    entry = _read_cache().get(key)
+    cached = entry is not None and all(o.name in entry["seconds_per_step"] for o in options)
+    if not cached:
+        entry = {"seconds_per_step": {o.name: measure(o) for o in options}}
+    if accelerator.num_processes > 1:
+        entry = broadcast_object_list([entry])[0]
+    best = min(options, key=lambda o: entry["seconds_per_step"][o.name])
+    if not cached and accelerator.is_main_process:
+        table = _read_cache()
+        table[key] = {"seconds_per_step": {**table.get(key, {}).get("seconds_per_step", {}),
+                                           **entry["seconds_per_step"]}}
+        _cache_path().parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(_cache_path(), json.dumps(table, indent=1) + "\n")
+    return best, {**asdict(best), "execution": best.name, "cached": cached,
+                  "seconds_per_step": {o.name: entry["seconds_per_step"][o.name] for o in options}}
