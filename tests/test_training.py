@@ -599,7 +599,7 @@ def test_auto_takes_the_fastest_measured_execution_once_per_shape(tmp_path, monk
     assert len(measured) == 6
     dropout = ("model.options.resid_pdrop=0.1", "model.options.attn_pdrop=0.1")
     pinned = run_method(smoke("gpt2", *SPEED_RUN, *dropout, "train.speed=eager+fused"), "baseline", tmp_path / "pinned")
-    monkeypatch.setattr(speed, "candidates", lambda phase, cfg: [Execution(False, True)])
+    monkeypatch.setattr(engine, "candidates", lambda phase, cfg: [Execution(False, True)])  # (the engine's choices)
     auto = run_method(smoke("gpt2", *SPEED_RUN, *dropout, "train.speed=auto"), "baseline", tmp_path / "auto")
     (event,) = [r for r in read_metrics(tmp_path / "auto") if r.get("event") == "execution"]
     assert not event["cached"] and event["execution"] == "eager+fused"

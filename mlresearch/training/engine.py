@@ -35,7 +35,7 @@ from ..faults import fault_point
 from ..tasks import task_of
 from .config import RunConfig
 from .flops import eval_flops_per_example, peak_flops, train_flops_per_example
-from . import speed
+from .speed import Execution, candidates, choose, trial_key
 from .phase import Phase
 
 
@@ -287,9 +287,9 @@ def train_phase(
         if t.speed == "auto":
             execution, trial = _choose_execution(model, phase, cfg, data, accelerator, micro)
         else:
-            execution = speed.Execution.parse(t.speed)
-            if execution not in speed.candidates(phase, cfg):  # (a phase that is never compiled: eager)
-                execution = speed.Execution(compile=False, fused=execution.fused)
+            execution = Execution.parse(t.speed)
+            if execution not in candidates(phase, cfg):  # (a phase that is never compiled: eager)
+                execution = Execution(compile=False, fused=execution.fused)
             trial = {**asdict(execution), "execution": execution.name}
         execution.set_kernel(optimizer)
         compiled = execution.compile
@@ -553,11 +553,11 @@ def _optimizer_and_schedule(model: nn.Module, optimizer, phase: Phase, cfg: RunC
 
 def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data, accelerator, micro: int,
                       warmup: int = 3, steps: int = 8):
-    """``train.speed: auto``: the phase's execution (:func:`speed.choose`), each candidate timed on a
+    """``train.speed: auto``: the phase's execution (:func:`choose`), each candidate timed on a
     copy of ``model`` over ``steps`` steps of the run's first batches after ``warmup`` untimed ones;
     the run's random generators are as before the trial."""
 
-    def measure(execution: speed.Execution) -> float:
+    def measure(execution: Execution) -> float:
         trial = copy.deepcopy(model).train()
         optimizer = new_optimizer(trial, cfg, phase.lr)
         execution.set_kernel(optimizer)
@@ -577,8 +577,8 @@ def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data
     rng = RNG()
     saved = rng.state_dict()  # the trial draws dropout masks: the run's next draws stay its own
     try:
-        key = speed.trial_key(model, cfg, data, accelerator.device, micro, accelerator.num_processes)
-        return speed.choose(speed.candidates(phase, cfg), key, measure, accelerator)
+        key = trial_key(model, cfg, data, accelerator.device, micro, accelerator.num_processes)
+        return choose(candidates(phase, cfg), key, measure, accelerator)
     finally:
         rng.load_state_dict(saved)
 
