@@ -7,9 +7,15 @@ the study passes through (from each run's plan) is timed here, through the engin
 timed, then ``--steps`` timed steps (the ledger's training wall: no evaluation, no checkpoint). The
 median over repeats, with its min and max, goes to ``results/tables/step_time.csv``; ``mlresearch
 table`` then models each run's training wall time as sum(steps x seconds per step of the phase's
-shape) beside the measured one. Nothing else may run while this does.
+shape, run as it ran) beside the measured one. Nothing else may run while this does.
 
-    python experiments/bench_shapes.py experiments/studies/gpt2_regime.yaml [--steps 40 --repeats 5]
+With ``--executions``, every shape is also timed under each execution ``train.speed`` can choose
+(compiled or eager, AdamW's fused kernel or not; :mod:`mlresearch.training.speed`) and the table
+printed per shape: seconds per step and achieved GFLOP/s eager and under its fastest execution, and
+that rate over the full shape's eager rate (issue: small phases at full speed; goal >= 85%, the full
+shape no slower than eager).
+
+    python experiments/bench_shapes.py experiments/studies/gpt2_regime.yaml [--steps 40 --repeats 5] [--executions]
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import os
 import platform
 import statistics
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -30,11 +37,14 @@ from mlresearch.data.datasets import load_data
 from mlresearch.results import REPO, provenance
 from mlresearch.study import shape_key
 from mlresearch.study_runner import load_study
+from mlresearch.tasks import task_of
 from mlresearch.training.config import ConfigError, load_config
+from mlresearch.training.config import SPEEDS
 from mlresearch.training.engine import Ledger, MetricsLog, RunState, train_phase
+from mlresearch.training.flops import peak_flops, train_flops_per_example
 from mlresearch.training.phase import Phase
 from mlresearch.training.methods import METHODS, planned_ledger
-from mlresearch.training.models import build_model, data_settings
+from mlresearch.training.models import build_model, data_settings, model_sizes
 
 
 def study_shapes(spec: dict) -> dict:
@@ -60,9 +70,10 @@ def config_shapes(config: Path) -> dict:
     return shapes
 
 
-def seconds_per_step(cfg, sizes, data, steps: int, warmup: int) -> float:
+def seconds_per_step(cfg, sizes, data, steps: int, warmup: int, execution: str = "eager") -> float:
     from accelerate import Accelerator
 
+    cfg = replace(cfg, train=replace(cfg.train, speed=execution))
     model = build_model(cfg, data.vocab_size or None, data.special, sizes=sizes).train()
     with tempfile.TemporaryDirectory() as tmp:
         ledger = Ledger()
@@ -83,6 +94,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="timed steps per repeat")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--executions", action="store_true", help="also time every execution train.speed can choose")
+    ap.add_argument("--table", help="write the rows here (default: the study's results/tables/step_time.csv)")
     args = ap.parse_args()
     path = Path(args.spec)
     if "experiment" in (yaml.safe_load(path.read_text()) or {}):
@@ -96,24 +109,51 @@ def main() -> None:
                                "train.checkpoint_every=1000000000", "train.log_every=1000000000"])
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
     data = load_data(cfg.task, data_settings(cfg), cfg.seed)
-    rows = []
+    executions = [e for e in SPEEDS if e != "auto"] if args.executions else ["eager"]
+    full = shape_key(model_sizes(cfg))
+    shapes = {full: model_sizes(cfg), **{k: v for k, v in shapes.items() if k != full}}  # the full shape first
+    rows, rates = [], {}
     for key, sizes in shapes.items():
-        times = []
-        for i in range(args.repeats):
-            torch.manual_seed(i)
-            times.append(seconds_per_step(cfg, sizes, data, args.steps, args.warmup))
-        rows.append({"experiment": cfg.experiment, "shape": key, "seconds_per_step": statistics.median(times),
-                     "min": min(times), "max": max(times), "repeats": args.repeats, "steps": args.steps,
-                     "batch_size": cfg.train.batch_size, "threads": torch.get_num_threads(),
-                     "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
-                     or platform.machine(), "git_commit": provenance({}, 0)["git_commit"]})
-        print(f"{key:>14}: {rows[-1]['seconds_per_step'] * 1e3:7.2f} ms/step (median of {args.repeats}; "
-              f"min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f})", flush=True)
-    out = REPO / root / "tables" / "step_time.csv"
+        seq = task_of(cfg.task).seq_len(cfg)
+        flops = train_flops_per_example(build_model(cfg, data.vocab_size or None, data.special, device="meta",
+                                                    sizes=sizes), seq) * cfg.train.batch_size
+        for execution in executions:
+            times = []
+            for i in range(args.repeats):
+                torch.manual_seed(i)
+                times.append(seconds_per_step(cfg, sizes, data, args.steps, args.warmup, execution))
+            rows.append({"experiment": cfg.experiment, "shape": key, "execution": execution,
+                         "seconds_per_step": statistics.median(times), "min": min(times), "max": max(times),
+                         "gflops_per_second": flops / statistics.median(times) / 1e9,
+                         "repeats": args.repeats, "steps": args.steps,
+                         "batch_size": cfg.train.batch_size, "threads": torch.get_num_threads(),
+                         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
+                         or platform.machine(), "torch": torch.__version__, "git_commit": provenance({}, 0)["git_commit"]})
+            rates[key, execution] = rows[-1]["gflops_per_second"]
+            print(f"{key:>14} {execution:>15}: {rows[-1]['seconds_per_step'] * 1e3:7.2f} ms/step, "
+                  f"{rows[-1]['gflops_per_second']:6.1f} GFLOP/s (median of {args.repeats}; min {min(times) * 1e3:.2f}, "
+                  f"max {max(times) * 1e3:.2f} ms)", flush=True)
+    if args.executions:
+        peak = peak_flops(torch.device("cuda" if torch.cuda.is_available() else "cpu"), cfg.train.peak_tflops)
+        mfu = (lambda r: f"{r * 1e9 / peak:7.1%}") if peak else (lambda r: f"{'-':>7}")  # noqa: E731
+        print(f"\nper shape: eager and its fastest execution; the rate over the full shape ({full}) eager's "
+              "(MFU: over the device's dense bf16 peak, GPUs only)")
+        print(f"{'shape':>14} | {'eager GFLOP/s':>13} | {'MFU':>7} | {'fastest':>15} | {'GFLOP/s':>7} | {'MFU':>7} | "
+              f"{'x eager':>7} | {'vs full eager':>13}")
+        for key in shapes:
+            best = max(executions, key=lambda e: rates[key, e])
+            print(f"{key:>14} | {rates[key, 'eager']:13.1f} | {mfu(rates[key, 'eager'])} | {best:>15} | "
+                  f"{rates[key, best]:7.1f} | {mfu(rates[key, best])} | {rates[key, best] / rates[key, 'eager']:7.2f} | "
+                  f"{rates[key, best] / rates[full, 'eager']:13.0%}")
+    out = Path(args.table) if args.table else REPO / root / "tables" / "step_time.csv"
     table = pd.DataFrame(rows)
     if out.exists():  # other shapes stay
         previous = pd.read_csv(out)
-        keep = ~previous.set_index(["experiment", "shape"]).index.isin(table.set_index(["experiment", "shape"]).index)
+        if "execution" not in previous:  # rows from before executions were timed: eager
+            previous["execution"] = "eager"
+        previous["execution"] = previous["execution"].fillna("eager")
+        index = ["experiment", "shape", "execution"]
+        keep = ~previous.set_index(index).index.isin(table.set_index(index).index)
         table = pd.concat([previous[keep], table], ignore_index=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, table.to_csv(index=False))

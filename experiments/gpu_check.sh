@@ -5,7 +5,8 @@
 #   2. a GPT-2-124M-shaped model (12L/768d, 512 tokens, GPT-2's vocabulary) for a few hundred steps in bf16
 #      with torch.compile: tokens/s, MFU (against the device's dense bf16 peak) and peak memory;
 #   3. a V-cycle of the same shape for a few hundred steps in all (coalesce, small model, de-coalesce, merge);
-#   4. with 2+ GPUs: the GPT-2 smoke V-cycle under FSDP (torchrun, NCCL), against one GPU.
+#   4. with 2+ GPUs: the GPT-2 smoke V-cycle under FSDP (torchrun, NCCL), against one GPU;
+#   5. the GPT-2 CPU study's small and full shapes, eager and under each execution train.speed can choose: GFLOP/s, MFU.
 #     bash experiments/gpu_check.sh [OUT_DIR]        (default /tmp/mlresearch-gpu-check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,4 +67,8 @@ if [ "$gpus" -ge 2 ]; then
 else
   echo "== 4. FSDP: skipped ($gpus GPU; it needs 2)"
 fi
+echo "== 5. small phases at full speed: every gpt2_regime shape, eager and each execution train.speed can choose"
+echo "   (compiled or not, fused AdamW or not): GFLOP/s, MFU, the fastest over the full shape's eager rate"
+python experiments/bench_shapes.py experiments/studies/gpt2_regime.yaml --steps 30 --warmup 5 --repeats 2 --executions \
+  --table "$out/step_time-gpt2_regime.csv"
 echo "gpu check done: $out"

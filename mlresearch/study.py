@@ -72,20 +72,26 @@ def _downstream(record: RunRecord) -> float | None:
 
 
 def step_times(results: Path) -> dict:
-    """(experiment, shape) -> median seconds per training step on a quiet machine
-    (``results/tables/step_time.csv``, written by experiments/bench_shapes.py)."""
+    """(experiment, shape, execution) -> median seconds per training step on a quiet machine
+    (``results/tables/step_time.csv``, written by experiments/bench_shapes.py; rows without an
+    execution were timed eager)."""
     path = results / "tables" / "step_time.csv"
     if not path.exists():
         return {}
-    return {(r.experiment, r.shape): float(r.seconds_per_step) for r in pd.read_csv(path).itertuples()}
+    table = pd.read_csv(path)
+    executions = table["execution"].fillna("eager") if "execution" in table else ["eager"] * len(table)
+    return {(r.experiment, r.shape, e): float(r.seconds_per_step) for r, e in zip(table.itertuples(), executions)}
 
 
 def modelled_wall(record: RunRecord, times: dict):
     """The run's training wall time as the quiet benchmark models it: a function of (phase, step)
     giving sum(steps x seconds per step of each phase's shape) up to that point; None when a shape
     the run passed through was not benchmarked. Measured wall time on a shared machine is noise;
-    this is what a saving in wall time is claimed from."""
-    per_step = {p["phase"]: times.get((record.experiment, shape_key(Sizes(**p["shape"])))) for p in record.phases}
+    this is what a saving in wall time is claimed from. Each phase is timed as it ran (its execution:
+    eager, or what ``train.speed`` chose)."""
+    execution = record.execution
+    per_step = {p["phase"]: times.get((record.experiment, shape_key(Sizes(**p["shape"])), execution[p["phase"]]))
+                for p in record.phases}
     if any(v is None for v in per_step.values()):
         return None
     before, elapsed = {}, 0.0

@@ -50,7 +50,7 @@ import pandas as pd
 from .checkpoint import atomic_write_text, read_structured
 from .errors import MLResearchError
 from .results import REPO, provenance
-from .training.config import ConfigError, load_config, preset_path
+from .training.config import SPEEDS, ConfigError, load_config, preset_path
 from .training.record import RunRecord, finished
 from .training.run import config_differences, default_out
 
@@ -59,7 +59,7 @@ class StudyError(MLResearchError, ValueError):
     """A study spec that cannot run, or a run of it that failed."""
 
 
-STUDY_KEYS = {"config", "root", "tuning", "seeds", "variant_seeds", "runs", "best", "frontier", "regime"}
+STUDY_KEYS = {"config", "root", "tuning", "seeds", "variant_seeds", "runs", "best", "frontier", "regime", "speed"}
 FRONTIER_KEYS = {"budgets", "small_budgets", "check_lr"}
 
 
@@ -94,6 +94,8 @@ def load_study(path: str | Path) -> dict:
 
     if not isinstance(spec["config"], str):
         raise bad(f"config must be a preset name or a .yaml path, got {spec['config']!r}")
+    if spec.get("speed", "eager") not in SPEEDS:  # every run's train.speed (not part of what a run computes)
+        raise bad(f"speed must be one of {', '.join(SPEEDS)}, got {spec['speed']!r}")
     seeds("seeds")
     spec.setdefault("variant_seeds", spec["seeds"])
     seeds("variant_seeds")
@@ -299,8 +301,9 @@ class Study:
 
     def command(self, out: Path, method: str, sets: list[str]) -> list[str]:
         """The command line that trains one run (skipped when finished, resumed when killed)."""
-        return [*self.launcher, "-m", "mlresearch.cli", "run", str(self.config), "--method", method, *_sets(sets),
-                "--out", str(out), "--resume", "--skip-done"]
+        speed = [f"train.speed={self.spec['speed']}"] if self.spec.get("speed", "eager") != "eager" else []
+        return [*self.launcher, "-m", "mlresearch.cli", "run", str(self.config), "--method", method,
+                *_sets([*speed, *sets]), "--out", str(out), "--resume", "--skip-done"]
 
     def launch(self, out: Path, method: str, sets: list[str]) -> Path:
         """One run in its own process (skipped when finished, resumed when killed); the CPU seconds

@@ -33,11 +33,21 @@ def _spec(tmp_path, **changes):
     ({"best": {"among": ["missing"]}}, "best.among names runs the spec does not have"),
     ({"variant_seeds": [5]}, "variant_seeds must be a subset of seeds"),
     ({"colour": "red"}, "only the keys"),
+    ({"speed": "fast"}, "speed must be one of eager, eager.fused, compiled, compiled.fused, auto, got 'fast'"),
 ])
 def test_a_bad_spec_is_one_clear_line_before_anything_runs(tmp_path, change, message):
     with pytest.raises(StudyError, match=message):
         load_study(_spec(tmp_path, **change))
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_spec_sets_every_runs_execution(tmp_path):
+    """``speed`` in a spec is every run's train.speed (what resume and reuse ignore: not what a run computes)."""
+    plain, fast = Study(_spec(tmp_path)), Study(_spec(tmp_path, speed="auto"))
+    out = tmp_path / "runs" / "x"
+    assert "train.speed=auto" not in plain.command(out, "vcycle", [])
+    command = fast.command(out, "vcycle", ["vcycle.alpha=1.0"])
+    assert command[command.index("train.speed=auto") - 1] == "--set" and command[-6:-4] == ["--set", "vcycle.alpha=1.0"]
 
 
 def test_a_run_the_config_cannot_plan_is_refused_before_training(tmp_path):
