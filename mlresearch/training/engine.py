@@ -282,19 +282,8 @@ def train_phase(
     flops_per_example, tokens_per_example = train_flops_per_example(model, seq), seq or 1
     batch, world = t.batch_size, accelerator.num_processes
     micro = _micro_batch(cfg, world)
-    compiled = t.compile
-    if t.speed != "eager":  # one execution, or (auto) this shape's fastest, measured or cached: training/speed.py
-        if t.speed == "auto":
-            execution, trial = _choose_execution(model, phase, cfg, data, accelerator, micro)
-        else:
-            execution = Execution.parse(t.speed)
-            if execution not in candidates(phase, cfg):  # (a phase that is never compiled: eager)
-                execution = Execution(compile=False, fused=execution.fused)
-            trial = {**asdict(execution), "execution": execution.name}
-        execution.set_kernel(optimizer)
-        compiled = execution.compile
-        if progress.start == 0:  # (a resumed phase wrote it before its checkpoint)
-            run_state.log.write({"event": "execution", "phase": phase.name, "level": phase.level, **trial})
+    compiled = t.compile if t.speed == "eager" else _execution(model, optimizer, phase, cfg, data, accelerator, micro,
+                                                                run_state.log, progress.start)
     model, optimizer, scheduler, raw, sharded = _distribute(model, optimizer, scheduler, phase, cfg, accelerator,
                                                             compiled)
     extras = PhaseExtras(phase, teacher, raw, progress.start, accelerator.device, seq)
@@ -549,6 +538,24 @@ def _optimizer_and_schedule(model: nn.Module, optimizer, phase: Phase, cfg: RunC
     for group in optimizer.param_groups:  # a carried optimizer keeps its state, takes this phase's LR
         group["lr"] = group["initial_lr"] = phase.lr
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, phase.schedule(t.schedule, t.min_lr_ratio))
+
+
+def _execution(model: nn.Module, optimizer, phase: Phase, cfg: RunConfig, data: Data, accelerator, micro: int,
+               log: MetricsLog, start: int) -> bool:
+    """``train.speed`` other than eager (:mod:`.speed`): the phase's execution -- the one named, or
+    (auto) this shape's fastest, measured or cached -- with ``optimizer`` set to its AdamW kernel and
+    an ``execution`` event in the log; returns whether to compile the model."""
+    if cfg.train.speed == "auto":
+        execution, trial = _choose_execution(model, phase, cfg, data, accelerator, micro)
+    else:
+        execution = Execution.parse(cfg.train.speed)
+        if execution not in candidates(phase, cfg):  # (a phase that is never compiled runs eager)
+            execution = Execution(compile=False, fused=execution.fused)
+        trial = {**asdict(execution), "execution": execution.name}
+    execution.set_kernel(optimizer)
+    if start == 0:  # (a resumed phase wrote it before its checkpoint)
+        log.write({"event": "execution", "phase": phase.name, "level": phase.level, **trial})
+    return execution.compile
 
 
 def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data, accelerator, micro: int,
