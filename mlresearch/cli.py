@@ -290,7 +290,7 @@ def _cmd_downstream(args: argparse.Namespace) -> int:
 def _cmd_study(args: argparse.Namespace) -> int:
     from .study_runner import run_study
 
-    run_study(args.spec, args.stage, args.dry_run, args.launch)
+    run_study(args.spec, args.stage, args.dry_run, args.launch, args.finished)
     return 0
 
 
@@ -357,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tune: only the baseline's LR/warm-up; frontier: it and the baseline frontier; regime: it and "
                         "the regime check (baseline vs the small shape alone); all: every run and stage")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state; train nothing")
+    p.add_argument("--finished", action="store_true", help="train nothing; write the stages' tables (frontier.csv, "
+                                                          "regime.csv) from the runs already finished")
     p.add_argument("--launch", help='start each run under this launcher, e.g. "torchrun --standalone --nproc_per_node 8" '
                                     "(default $MLRESEARCH_LAUNCH, else this Python, one process)")
     p.set_defaults(func=_cmd_study)

@@ -248,9 +248,10 @@ class Study:
     """One study spec, run: ``tune()``, then ``all_runs()``, then ``report()``."""
 
     def __init__(self, path: str | Path, dry_run: bool = False, launch: str | None = None,
-                 root: str | Path | None = None):
+                 root: str | Path | None = None, finished_only: bool = False):
         """``root``: where the spec's runs are (default: the spec's ``root``, relative to the current
-        directory, as ``mlresearch study`` writes them)."""
+        directory, as ``mlresearch study`` writes them); ``finished_only``: train nothing, and write
+        the stages' tables from the runs that have finished (a study stopped part-way)."""
         from .training.run import runs_root
 
         launch = os.environ.get("MLRESEARCH_LAUNCH", "") if launch is None else launch
@@ -269,7 +270,7 @@ class Study:
         self.root = Path(root).resolve() if root is not None else runs_root(self.spec.get("root")).resolve()
         self.experiment = load_config(self.config).experiment
         self.home = self.root / self.experiment
-        self.dry_run = dry_run
+        self.dry_run, self.finished_only = dry_run, finished_only
         self.baseline = (load_config(self.config).train.lr, load_config(self.config).train.warmup)
         self.runs: dict = {}
         from .training.methods import build_plan
@@ -308,7 +309,7 @@ class Study:
     def launch(self, out: Path, method: str, sets: list[str]) -> Path:
         """One run in its own process (skipped when finished, resumed when killed); the CPU seconds
         it takes are added to ``out/cpu.json``."""
-        if self.dry_run:
+        if self.dry_run or self.finished_only:
             state = "finished" if finished(out) else "started" if out.exists() else "to run"
             via = "" if self.launcher == [sys.executable] else f" (via {shlex.join(self.launcher)})"
             print(f"[{state:8}] {out}  <- {method} {' '.join(sets)}{via}")
@@ -353,7 +354,7 @@ class Study:
 
         def score(lr, warmup):
             run = self.candidate(lr, warmup)
-            if self.dry_run and not finished(run):  # not run yet: list as if the preset won
+            if (self.dry_run or self.finished_only) and not finished(run):  # not run yet: as if the preset won
                 unknown.append(run)
                 return -math.inf if (lr, warmup) == (preset_lr, preset_warmup) else math.inf
             rows.append({"experiment": self.experiment, "seed": t["seed"], "lr": lr, "warmup": warmup,
@@ -517,7 +518,8 @@ class Study:
 
         small, seeds = control(self.spec), self.spec["seeds"]
         pairs = [(seed, self.run("baseline", seed), self.run(small, seed)) for seed in seeds]
-        if self.dry_run:
+        pairs = [p for p in pairs if finished(p[1]) and finished(p[2])] if self.finished_only else pairs
+        if self.dry_run or not pairs:
             return pd.DataFrame()
         out = self.root / "tables" / "regime.csv"
         previous = pd.read_csv(out) if out.exists() else pd.DataFrame()
@@ -560,7 +562,7 @@ class Study:
             if name not in main:
                 for seed in variant_seeds:
                     self.run(name, seed)
-        if "best" in self.spec and not self.dry_run:
+        if "best" in self.spec and not self.dry_run and not self.finished_only:
             choice = self.best()
             for seed in seeds:
                 self.run(choice, seed)
@@ -630,11 +632,13 @@ def headlines(results: str | Path) -> dict[str, dict[str, str]]:
     return out
 
 
-def run_study(path: str | Path, stage: str = "all", dry_run: bool = False, launch: str | None = None) -> pd.DataFrame:
+def run_study(path: str | Path, stage: str = "all", dry_run: bool = False, launch: str | None = None,
+              finished_only: bool = False) -> pd.DataFrame:
     """``mlresearch study SPEC``: tune the baseline, then the frontier (``stage="frontier"``) or
     every run and the frontier (``stage="all"``), then report. ``launch`` starts each run (default
-    ``$MLRESEARCH_LAUNCH``, else this Python)."""
-    study = Study(path, dry_run, launch)
+    ``$MLRESEARCH_LAUNCH``, else this Python); ``finished_only``: train nothing, write the tables of
+    the runs already finished."""
+    study = Study(path, dry_run, launch, finished_only=finished_only)
     if stage in ("frontier", "regime") and not study.spec.get(stage):
         raise StudyError(f"study spec {path} has no {stage} section: nothing to run for --stage {stage}")
     study.tune()

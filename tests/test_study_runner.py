@@ -238,6 +238,19 @@ def test_the_frontier_and_regime_stages(tmp_path, capsys):
     listed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
     assert len(listed) == 5 and all(line.startswith("[finished]") for line in listed), listed
     assert pd.read_csv(runs / "tables" / "frontier.csv").equals(points)
+    # A study stopped part-way: --finished writes the frontier of the points that finished, trains nothing.
+    half_point = home / "baseline-x0.5-seed0"
+    (half_point / "summary.json").rename(half_point / "summary.kept")
+    before = {p: p.stat().st_mtime_ns for p in runs.rglob("metrics.jsonl")}
+    run_study(path, "frontier", finished_only=True)
+    listed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert sum(line.startswith("[started ]") for line in listed) == 1
+    partial = pd.read_csv(runs / "tables" / "frontier.csv")
+    assert len(partial) == len(points) - 1 and "gpt2_smoke-frontier/baseline-x0.5-seed0" not in set(partial.run)
+    assert {p: p.stat().st_mtime_ns for p in runs.rglob("metrics.jsonl")} == before  # nothing trained
+    (half_point / "summary.kept").rename(half_point / "summary.json")
+    run_study(path, "frontier", finished_only=True)
+    assert pd.read_csv(runs / "tables" / "frontier.csv").equals(points)
 
     regime = pd.read_csv(runs / "tables" / "regime.csv")
     assert set(regime.experiment) == {"other", "gpt2_smoke"}
