@@ -1,8 +1,9 @@
 """A run's record: what the run was (method, variant, experiment, task, seed, each phase's model
 shape, the data's sources) and what it measured (FLOPs, tokens, wall time, final losses, tokens per
-parameter of the full model), as one typed object. The tables, the frontier, ``compare``,
-``downstream`` and the notebooks read a run through :meth:`RunRecord.read` and nothing else: no
-run directory's name and no data-source string is parsed back.
+parameter of the full model), as one typed object. The study tables (and the notebooks, through
+them), the frontier, ``downstream``, the regime check and the study runner read a run through
+:meth:`RunRecord.read`: no run directory's name and no data-source string is parsed back.
+(``compare``, the pairwise check of two runs, reads their metrics and configs themselves.)
 
 On disk the record is the run's ``summary.json``, written once, when the run finishes (its presence
 is what "finished" means; :func:`finished`). Summaries written before they carried the descriptive
