@@ -320,9 +320,9 @@ def train_phase(
         if end.fired:
             break
     loop.bar.close()
-    extras.close(loop.end.done)
-    if sharded:  # the phase always ends on a checkpoint step, so the gathered copy is the trained model
-        return loop.whole
+    extras.close(loop.end.done if loop.end else progress.start)  # (a phase of no steps trains none)
+    if sharded:  # the phase ends on a checkpoint step, so the gathered copy is the trained model
+        return loop.whole or sharded.gather(raw, optimizer)
     return raw, getattr(optimizer, "optimizer", optimizer)
 
 
