@@ -14,6 +14,7 @@ from ..families import family_of
 from .capture import Capture
 from .metrics import cosine, js_divergence, linear_cka, pairwise
 
+
 @dataclass(frozen=True)
 class Metric:
     """One way to compare representations, by its name (``--metric``): ``compare(a, b)``, a similarity of
