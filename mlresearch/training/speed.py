@@ -31,6 +31,7 @@ from ..data.text import cache_dir
 from .config import RunConfig
 from .phase import Phase
 
+
 @dataclass(frozen=True)
 class Execution:
     """``compile``: the model runs under ``torch.compile`` (inductor's default mode); ``fused``:
