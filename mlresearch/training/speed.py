@@ -2,8 +2,9 @@
 
 A growth method saves FLOPs by training small models, but a small model runs far below the machine's
 FLOP rate, so its wall-time saving trails its FLOPs saving. What runs a shape fastest differs by
-shape: on a 2-core CPU ``torch.compile`` makes GPT-2's 1L/64d shape 1.5x faster and its 2L/128d
-shape slower. So the choice is made per shape, by measurement: each candidate :class:`Execution`
+shape and by machine (on the same 2-core CPU, ``torch.compile`` made GPT-2's 1L/64d shape 1.5x
+faster in one probe and no faster in another; docs/speed.md). So the choice is made per shape, by
+measurement: each candidate :class:`Execution`
 (eager or compiled, AdamW's multi-tensor or fused kernel) trains a copy of the phase's model for a
 few steps on the run's own batches, and the fastest per step is used. The trial touches nothing of
 the run (its model, optimizer, data position and random generators are as before) and is cached by
