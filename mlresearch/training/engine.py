@@ -293,7 +293,7 @@ def train_phase(
 
     for step in loop.bar:
         tick = time.perf_counter()
-        end = loop.end = StepEnd(step + 1)  # steps count from 1, as in metrics.jsonl
+        end = StepEnd(step + 1)  # steps count from 1, as in metrics.jsonl
         idx = batch_indices(len(data.train), batch, ledger.data_step, cfg.seed)[accelerator.process_index::world]
         distil_from, weight = extras.at(step)
         total = accumulate(model, data, idx, micro, ledger.data_step, cfg, accelerator, distil_from, weight)
@@ -303,7 +303,7 @@ def train_phase(
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        due = [hook for hook in hooks if hook.due(end.done)]
+        due = [hook for hook in hooks if hook.due(end)]
         # The host waits for the device only on steps a due hook reads the loss on (inside the
         # step's wall time, so the ledger's wall stays right on an asynchronous device).
         if any(hook.reads_loss for hook in due):
@@ -314,13 +314,13 @@ def train_phase(
         ledger.data_step += 1
         ledger.wall += time.perf_counter() - tick
         for hook in hooks:  # asked again: a hook before may have made it due (a fired trigger, a checkpoint)
-            if hook.due(end.done):
+            if hook.due(end):
                 hook(end)
         fault_point(f"step:{phase.name}:{end.done}")
         if end.fired:
             break
     loop.bar.close()
-    extras.close(loop.end.done if loop.end else progress.start)  # (a phase of no steps trains none)
+    extras.close(end.done if progress.start < phase.steps else progress.start)  # (a phase of no steps trains none)
     if sharded:  # the phase ends on a checkpoint step, so the gathered copy is the trained model
         return loop.whole or sharded.gather(raw, optimizer)
     return raw, getattr(optimizer, "optimizer", optimizer)
@@ -341,8 +341,7 @@ class StepEnd:
 class PhaseLoop:
     """What the hooks of one phase share: the phase, the run's state and log, the plain model
     (``raw``: evaluation and checkpoints use it), the optimizer and schedule, the FSDP wrapper, the
-    progress bar, the step being finished, and the whole model and optimizer the last checkpoint
-    gathered."""
+    progress bar, and the whole model and optimizer the last checkpoint gathered."""
 
     def __init__(self, phase: Phase, cfg: RunConfig, accelerator, run_state: RunState, progress: "Progress",
                  raw: nn.Module, optimizer, scheduler, sharded, ckpt_dir: Path) -> None:
@@ -351,7 +350,6 @@ class PhaseLoop:
         self.sharded, self.ckpt_dir = sharded, ckpt_dir
         self.bar = tqdm(range(progress.start, phase.steps), desc=f"{phase.name} (level {phase.level})",
                         disable=not accelerator.is_main_process, initial=progress.start, total=phase.steps, leave=False)
-        self.end: StepEnd | None = None
         self.whole: tuple[nn.Module, torch.optim.Optimizer] | None = None
 
     def every(self, n: int, done: int) -> bool:
@@ -360,7 +358,8 @@ class PhaseLoop:
 
 
 class Hook:
-    """Something a phase does after a training step when the step is due for it. ``reads_loss``:
+    """Something a phase does after a training step when the step (:class:`StepEnd`, as the hooks
+    before it left it) is due for it. ``reads_loss``:
     it needs the step's mean loss (the host waits for the device on those steps)."""
 
     reads_loss = False
@@ -368,7 +367,7 @@ class Hook:
     def __init__(self, loop: PhaseLoop) -> None:
         self.loop = loop
 
-    def due(self, done: int) -> bool:
+    def due(self, end: StepEnd) -> bool:
         raise NotImplementedError
 
     def __call__(self, end: StepEnd) -> None:
@@ -387,9 +386,9 @@ class LogRow(Hook):
         self.peak, self.device = peak_flops(device, loop.cfg.train.peak_tflops), device
         self.since = (loop.run_state.ledger.flops, loop.run_state.ledger.wall)  # MFU is measured between rows
 
-    def due(self, done: int) -> bool:
+    def due(self, end: StepEnd) -> bool:
         t = self.loop.cfg.train
-        return done % t.log_every == 0 or self.loop.every(t.eval_every, done)
+        return end.done % t.log_every == 0 or self.loop.every(t.eval_every, end.done)
 
     def __call__(self, end: StepEnd) -> None:
         loop, ledger = self.loop, self.loop.run_state.ledger
@@ -412,8 +411,8 @@ class Evaluate(Hook):
         super().__init__(loop)
         self.data = data
 
-    def due(self, done: int) -> bool:
-        return self.loop.every(self.loop.cfg.train.eval_every, done)
+    def due(self, end: StepEnd) -> bool:
+        return self.loop.every(self.loop.cfg.train.eval_every, end.done)
 
     def __call__(self, end: StepEnd) -> None:
         end.row.update(evaluate(self.loop.raw, self.data, self.loop.cfg))
@@ -424,8 +423,8 @@ class Trigger(Hook):
     """The growth trigger (a phase with ``trigger``): after each evaluation, the loss curve's
     log-log slope into the row; when it fires before the phase's end, the phase ends here."""
 
-    def due(self, done: int) -> bool:
-        return self.loop.phase.trigger is not None and self.loop.every(self.loop.cfg.train.eval_every, done)
+    def due(self, end: StepEnd) -> bool:
+        return self.loop.phase.trigger is not None and self.loop.every(self.loop.cfg.train.eval_every, end.done)
 
     def __call__(self, end: StepEnd) -> None:
         end.fired = self.loop.progress.trigger(self.loop.phase, self.loop.run_state.ledger, end.row, end.done)
@@ -434,8 +433,8 @@ class Trigger(Hook):
 class WriteRow(Hook):
     """The row into ``metrics.jsonl`` (and a trigger event after it, when the trigger fired)."""
 
-    def due(self, done: int) -> bool:
-        return self.loop.end.row is not None
+    def due(self, end: StepEnd) -> bool:
+        return end.row is not None
 
     def __call__(self, end: StepEnd) -> None:
         loop = self.loop
@@ -450,8 +449,8 @@ class Checkpoint(Hook):
 
     reads_loss = True
 
-    def due(self, done: int) -> bool:
-        return self.loop.every(self.loop.cfg.train.checkpoint_every, done) or bool(self.loop.end and self.loop.end.fired)
+    def due(self, end: StepEnd) -> bool:
+        return self.loop.every(self.loop.cfg.train.checkpoint_every, end.done) or end.fired
 
     def __call__(self, end: StepEnd) -> None:
         loop = self.loop
@@ -464,8 +463,8 @@ class Snapshot(Checkpoint):
 
     reads_loss = False
 
-    def due(self, done: int) -> bool:
-        return self.loop.cfg.train.keep_snapshots and super().due(done)
+    def due(self, end: StepEnd) -> bool:
+        return self.loop.cfg.train.keep_snapshots and super().due(end)
 
     def __call__(self, end: StepEnd) -> None:
         loop = self.loop
