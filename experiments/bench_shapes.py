@@ -10,12 +10,14 @@ table`` then models each run's training wall time as sum(steps x seconds per ste
 shape, run as it ran) beside the measured one. Nothing else may run while this does.
 
 With ``--executions``, every shape is also timed under each execution ``train.speed`` can choose
-(compiled or eager, AdamW's fused kernel or not; :mod:`mlresearch.training.speed`) and the table
+(compiled or eager, AdamW's fused kernel or not, on a CPU the process's threads or one;
+:mod:`mlresearch.training.speed`) and the table
 printed per shape: seconds per step and achieved GFLOP/s eager and under its fastest execution, and
 that rate over the full shape's eager rate (issue: small phases at full speed; goal >= 85%, the full
 shape no slower than eager).
 
     python experiments/bench_shapes.py experiments/studies/gpt2_regime.yaml [--steps 40 --repeats 5] [--executions]
+    python experiments/bench_shapes.py SPEC --executions eager+1thread,compiled+fused --shapes 1L/64d/2h
 """
 
 from __future__ import annotations
@@ -94,7 +96,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="timed steps per repeat")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--executions", action="store_true", help="also time every execution train.speed can choose")
+    ap.add_argument("--executions", nargs="?", const="all", metavar="NAMES",
+                    help="also time every execution train.speed can choose (or these, comma-separated)")
+    ap.add_argument("--shapes", metavar="KEYS", help="time only these shapes (comma-separated, e.g. 1L/64d/1h; "
+                                                      "the full shape is always timed)")
     ap.add_argument("--table", help="write the rows here (default: the study's results/tables/step_time.csv)")
     args = ap.parse_args()
     path = Path(args.spec)
@@ -107,11 +112,22 @@ def main() -> None:
     # Every shape trains on the experiment's data and batch; nothing evaluates or checkpoints mid-phase.
     cfg = load_config(config, ["train.eval_every=1000000000", "train.eval_batches=1",
                                "train.checkpoint_every=1000000000", "train.log_every=1000000000"])
-    torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
-    data = load_data(cfg.task, data_settings(cfg), cfg.seed)
-    executions = [e for e in SPEEDS if e != "auto"] if args.executions else ["eager"]
+    everything = [e for e in SPEEDS if e != "auto" and not (torch.cuda.is_available() and "thread" in e)]
+    executions = ["eager"] + [e for e in (everything if args.executions in (None, "all") else
+                                          args.executions.split(",")) if e != "eager"] if args.executions else ["eager"]
+    if set(executions) - set(SPEEDS):  # (on a GPU, not the one-thread ones: the host's threads idle there)
+        raise SystemExit(f"--executions: {', '.join(sorted(set(executions) - set(SPEEDS)))} is not one of "
+                         f"{', '.join(everything)}")
     full = shape_key(model_sizes(cfg))
     shapes = {full: model_sizes(cfg), **{k: v for k, v in shapes.items() if k != full}}  # the full shape first
+    if args.shapes:
+        unknown = set(args.shapes.split(",")) - set(shapes)
+        if unknown:
+            raise SystemExit(f"--shapes: {', '.join(sorted(unknown))} is not a shape of {path.name} "
+                             f"(its shapes: {', '.join(shapes)})")
+        shapes = {k: v for k, v in shapes.items() if k == full or k in args.shapes.split(",")}
+    torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
+    data = load_data(cfg.task, data_settings(cfg), cfg.seed)
     rows, rates = [], {}
     for key, sizes in shapes.items():
         seq = task_of(cfg.task).seq_len(cfg)
@@ -130,7 +146,7 @@ def main() -> None:
                          "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
                          or platform.machine(), "torch": torch.__version__, "git_commit": provenance({}, 0)["git_commit"]})
             rates[key, execution] = rows[-1]["gflops_per_second"]
-            print(f"{key:>14} {execution:>15}: {rows[-1]['seconds_per_step'] * 1e3:7.2f} ms/step, "
+            print(f"{key:>14} {execution:>22}: {rows[-1]['seconds_per_step'] * 1e3:7.2f} ms/step, "
                   f"{rows[-1]['gflops_per_second']:6.1f} GFLOP/s (median of {args.repeats}; min {min(times) * 1e3:.2f}, "
                   f"max {max(times) * 1e3:.2f} ms)", flush=True)
     if args.executions:
@@ -138,11 +154,11 @@ def main() -> None:
         mfu = (lambda r: f"{r * 1e9 / peak:7.1%}") if peak else (lambda r: f"{'-':>7}")  # noqa: E731
         print(f"\nper shape: eager and its fastest execution; the rate over the full shape ({full}) eager's "
               "(MFU: over the device's dense bf16 peak, GPUs only)")
-        print(f"{'shape':>14} | {'eager GFLOP/s':>13} | {'MFU':>7} | {'fastest':>15} | {'GFLOP/s':>7} | {'MFU':>7} | "
+        print(f"{'shape':>14} | {'eager GFLOP/s':>13} | {'MFU':>7} | {'fastest':>22} | {'GFLOP/s':>7} | {'MFU':>7} | "
               f"{'x eager':>7} | {'vs full eager':>13}")
         for key in shapes:
             best = max(executions, key=lambda e: rates[key, e])
-            print(f"{key:>14} | {rates[key, 'eager']:13.1f} | {mfu(rates[key, 'eager'])} | {best:>15} | "
+            print(f"{key:>14} | {rates[key, 'eager']:13.1f} | {mfu(rates[key, 'eager'])} | {best:>22} | "
                   f"{rates[key, best]:7.1f} | {mfu(rates[key, best])} | {rates[key, best] / rates[key, 'eager']:7.2f} | "
                   f"{rates[key, best] / rates[full, 'eager']:13.0%}")
     out = Path(args.table) if args.table else REPO / root / "tables" / "step_time.csv"

@@ -536,23 +536,35 @@ def train_losses(run):
     return [r["train_loss"] for r in read_metrics(run) if "train_loss" in r]
 
 
-def test_every_execution_trains_the_eager_model_within_fp32_tolerance(tmp_path):
-    """Compiled or not, AdamW's fused kernel or not: the same 50 steps within FP32 of eager's losses (the
-    presets have no dropout: a compiled model would draw its own dropout masks), and the choice recorded."""
+def test_every_execution_trains_the_eager_model_within_fp32_tolerance(tmp_path, monkeypatch):
+    """Compiled or not, AdamW's fused kernel or not, the process's threads or one: the same 50 steps
+    within FP32 of eager's losses (the presets have no dropout: a compiled model would draw its own
+    dropout masks), the choice recorded, a one-thread phase's steps on one thread and the process's
+    count back after it."""
     from mlresearch.training.config import SPEEDS
     from mlresearch.training.speed import Execution
 
     eager = run_method(smoke("gpt2", *SPEED_RUN), "baseline", tmp_path / "eager")
     assert "execution" not in eager and RunRecord.read(tmp_path / "eager").execution == {"baseline": "eager"}
-    names = [e.name for e in (Execution(c, f) for c in (False, True) for f in (False, True))]
+    names = [Execution(c, f, n).name for n in (None, 1) for c in (False, True) for f in (False, True)]
     assert set(SPEEDS) == {*names, "auto"} and all(Execution.parse(n).name == n for n in names)
-    for name in names[1:]:
+    assert Execution.parse("compiled+fused+1thread") == Execution(True, True, 1)
+    assert Execution.parse("eager+4threads").threads == 4
+    for bad in ("eager+fused+1threads", "eager+1thread+fused", "eager+0threads", "fused", "eager+"):
+        with pytest.raises(ValueError, match="an execution is eager or compiled"):
+            Execution.parse(bad)
+    threads, seen = torch.get_num_threads(), []
+    accumulate = engine.accumulate
+    monkeypatch.setattr(engine, "accumulate", lambda *a, **k: seen.append(torch.get_num_threads()) or accumulate(*a, **k))
+    for name in [*names[1:4], "eager+1thread", "compiled+fused+1thread"]:
+        seen.clear()
         run = run_method(smoke("gpt2", *SPEED_RUN, f"train.speed={name}"), "baseline", tmp_path / name)
         assert abs(run["final_full_val"]["val_loss"] - eager["final_full_val"]["val_loss"]) <= FP32, name
         assert np.allclose(train_losses(tmp_path / name), train_losses(tmp_path / "eager"), rtol=0, atol=FP32), name
         assert run["execution"] == {"baseline": name} == RunRecord.read(tmp_path / name).execution
-    with pytest.raises(ConfigError, match="train.speed must be 'eager', 'eager.fused', 'compiled', 'compiled.fused' or "
-                                          "'auto', got 'fast'"):
+        assert set(seen) == {Execution.parse(name).threads or threads} and torch.get_num_threads() == threads, name
+    with pytest.raises(ConfigError, match="train.speed must be 'eager', 'eager.fused', 'compiled', 'compiled.fused', "
+                                          "'eager.1thread', .* or 'auto', got 'fast'"):
         smoke("gpt2", "train.speed=fast")
     with pytest.raises(ConfigError, match="train.speed: auto says whether to compile; leave train.compile false"):
         smoke("gpt2", "train.speed=auto", "train.compile=true")
@@ -584,6 +596,7 @@ def test_auto_takes_the_fastest_measured_execution_once_per_shape(tmp_path, monk
     from accelerate import Accelerator
 
     from mlresearch.training import speed
+    from mlresearch.training.config import SPEEDS
     from mlresearch.training.speed import Execution
 
     monkeypatch.setenv("MLRESEARCH_CACHE", str(tmp_path / "cache"))
@@ -597,9 +610,22 @@ def test_auto_takes_the_fastest_measured_execution_once_per_shape(tmp_path, monk
     (tmp_path / "cache" / "speed.json").write_text("{")
     speed.choose(options, "shape-a", fake, Accelerator(cpu=True))
     assert len(measured) == 6
+    from mlresearch.training.phase import Phase
+
+    cfg, plain, cpu = smoke("gpt2"), Phase("p", 1, 10, 1e-3, 0), torch.device("cpu")
+    threads = torch.get_num_threads()
+    try:  # one thread is a candidate on a CPU whose process has more; a phase with masks is never compiled
+        torch.set_num_threads(2)
+        assert {e.name for e in speed.candidates(plain, cfg, cpu)} == set(SPEEDS) - {"auto"}
+        assert {e.name for e in speed.candidates(plain, cfg, torch.device("cuda"))} == set(SPEEDS[:4])
+        assert not any(e.compile for e in speed.candidates(Phase("m", 1, 10, 1e-3, 0, masks=object()), cfg, cpu))
+        torch.set_num_threads(1)
+        assert {e.name for e in speed.candidates(plain, cfg, cpu)} == set(SPEEDS[:4])
+    finally:
+        torch.set_num_threads(threads)
     dropout = ("model.options.resid_pdrop=0.1", "model.options.attn_pdrop=0.1")
     pinned = run_method(smoke("gpt2", *SPEED_RUN, *dropout, "train.speed=eager+fused"), "baseline", tmp_path / "pinned")
-    monkeypatch.setattr(engine, "candidates", lambda phase, cfg: [Execution(False, True)])  # (the engine's choices)
+    monkeypatch.setattr(engine, "candidates", lambda *a: [Execution(False, True)])  # (the engine's choices)
     auto = run_method(smoke("gpt2", *SPEED_RUN, *dropout, "train.speed=auto"), "baseline", tmp_path / "auto")
     (event,) = [r for r in read_metrics(tmp_path / "auto") if r.get("event") == "execution"]
     assert not event["cached"] and event["execution"] == "eager+fused"

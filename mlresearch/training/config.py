@@ -63,7 +63,9 @@ class ModelConfig:
 
 
 # train.speed (training/speed.py): one execution for every phase, or "auto", each phase's measured fastest
-SPEEDS = ("eager", "eager+fused", "compiled", "compiled+fused", "auto")
+# (+1thread: the phase on one intra-op thread, for shapes too small to split across cores)
+SPEEDS = ("eager", "eager+fused", "compiled", "compiled+fused",
+          "eager+1thread", "eager+fused+1thread", "compiled+1thread", "compiled+fused+1thread", "auto")
 
 
 @dataclass

@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +35,7 @@ from ..faults import fault_point
 from ..tasks import task_of
 from .config import RunConfig
 from .flops import eval_flops_per_example, peak_flops, train_flops_per_example
-from .speed import Execution, candidates, choose, trial_key
+from .speed import Execution, candidates, choose, intra_op_threads, trial_key
 from .phase import Phase
 
 
@@ -266,7 +266,14 @@ def train_phase(
     trigger, the row written, a checkpoint, a snapshot). What a phase adds to the step itself (a
     ``teacher`` to distil from, masks that ramp) is :class:`PhaseExtras`. With ``resume`` a phase
     starts where its checkpoint left off, and one whose checkpoint says it finished trains no step:
-    it hands on the model and optimizer the checkpoint holds (this is the one place a run resumes)."""
+    it hands on the model and optimizer the checkpoint holds (this is the one place a run resumes).
+    An execution (``train.speed``) may run the phase on fewer threads; the process's count is back after."""
+    with intra_op_threads(None):
+        return _train_phase(model, optimizer, phase, data, cfg, accelerator, run_state, ckpt_dir, resume, teacher)
+
+
+def _train_phase(model, optimizer, phase: Phase, data: Data, cfg: RunConfig, accelerator, run_state: RunState,
+                 ckpt_dir: Path, resume: bool, teacher: nn.Module | None) -> tuple[nn.Module, torch.optim.Optimizer]:
     t, ledger = cfg.train, run_state.ledger
     optimizer, scheduler = _optimizer_and_schedule(model, optimizer, phase, cfg)
     progress = Progress(ckpt_dir / phase.name)
@@ -543,15 +550,18 @@ def _execution(model: nn.Module, optimizer, phase: Phase, cfg: RunConfig, data: 
                log: MetricsLog, start: int) -> bool:
     """``train.speed`` other than eager (:mod:`.speed`): the phase's execution -- the one named, or
     (auto) this shape's fastest, measured or cached -- with ``optimizer`` set to its AdamW kernel and
-    an ``execution`` event in the log; returns whether to compile the model."""
+    an ``execution`` event in the log, and the process on its threads (:func:`train_phase` restores
+    them); returns whether to compile the model."""
     if cfg.train.speed == "auto":
         execution, trial = _choose_execution(model, phase, cfg, data, accelerator, micro)
     else:
         execution = Execution.parse(cfg.train.speed)
-        if execution not in candidates(phase, cfg):  # (a phase that is never compiled runs eager)
-            execution = Execution(compile=False, fused=execution.fused)
+        if not any(option.compile for option in candidates(phase, cfg, accelerator.device)):
+            execution = replace(execution, compile=False)  # (a phase that is never compiled runs eager)
         trial = {**asdict(execution), "execution": execution.name}
     execution.set_kernel(optimizer)
+    if execution.threads is not None:
+        torch.set_num_threads(execution.threads)
     if start == 0:  # (a resumed phase wrote it before its checkpoint)
         log.write({"event": "execution", "phase": phase.name, "level": phase.level, **trial})
     return execution.compile
@@ -564,6 +574,10 @@ def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data
     the run's random generators are as before the trial."""
 
     def measure(execution: Execution) -> float:
+        with intra_op_threads(execution.threads):
+            return timed(execution)
+
+    def timed(execution: Execution) -> float:
         trial = copy.deepcopy(model).train()
         optimizer = new_optimizer(trial, cfg, phase.lr)
         execution.set_kernel(optimizer)
@@ -584,7 +598,7 @@ def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data
     saved = rng.state_dict()  # the trial draws dropout masks: the run's next draws stay its own
     try:
         key = trial_key(model, cfg, data, accelerator.device, micro, accelerator.num_processes)
-        return choose(candidates(phase, cfg), key, measure, accelerator)
+        return choose(candidates(phase, cfg, accelerator.device), key, measure, accelerator)
     finally:
         rng.load_state_dict(saved)
 

@@ -5,7 +5,7 @@ FLOP rate, so its wall-time saving trails its FLOPs saving. What runs a shape fa
 shape and by machine (on the same 2-core CPU, ``torch.compile`` made GPT-2's 1L/64d shape 1.5x
 faster in one probe and no faster in another; docs/speed.md). So the choice is made per shape, by
 measurement: each candidate :class:`Execution`
-(eager or compiled, AdamW's multi-tensor or fused kernel) trains a copy of the phase's model for a
+(eager or compiled, AdamW's multi-tensor or fused kernel, on a CPU all the process's threads or one) trains a copy of the phase's model for a
 few steps on the run's own batches, and the fastest per step is used. The trial touches nothing of
 the run (its model, optimizer, data position and random generators are as before) and is cached by
 shape, batch, device, threads and library versions in ``<data cache>/speed.json`` (JSON), so a
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import platform
+import re
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
@@ -36,22 +38,30 @@ from .phase import Phase
 @dataclass(frozen=True)
 class Execution:
     """``compile``: the model runs under ``torch.compile`` (inductor's default mode); ``fused``:
-    AdamW's fused kernel instead of its multi-tensor (foreach) one."""
+    AdamW's fused kernel instead of its multi-tensor (foreach) one; ``threads``: the phase runs on
+    this many intra-op threads instead of the process's (``None``). A tiny shape's matrix products
+    are too small to split across cores: the split's synchronisation can cost more than it saves."""
 
     compile: bool = False
     fused: bool = False
+    threads: int | None = None
 
     @property
     def name(self) -> str:
-        return ("compiled" if self.compile else "eager") + ("+fused" if self.fused else "")
+        threads = "" if self.threads is None else f"+{self.threads}thread" + ("s" if self.threads > 1 else "")
+        return ("compiled" if self.compile else "eager") + ("+fused" if self.fused else "") + threads
 
     @classmethod
     def parse(cls, name: str) -> "Execution":
-        """The execution ``name`` names ("eager", "eager+fused", "compiled", "compiled+fused")."""
-        base, _, kernel = name.partition("+")
-        if base not in ("eager", "compiled") or kernel not in ("", "fused"):
-            raise ValueError(f"an execution is eager or compiled, with +fused or not; got {name!r}")
-        return cls(compile=base == "compiled", fused=kernel == "fused")
+        """The execution ``name`` names: eager or compiled, then maybe "+fused", then maybe "+1thread"
+        ("+Nthreads"), e.g. "compiled+fused+1thread"."""
+        match = re.fullmatch(r"(eager|compiled)(\+fused)?(?:\+(\d+)threads?)?", name)
+        execution = match and cls(compile=match[1] == "compiled", fused=bool(match[2]),
+                                  threads=int(match[3]) if match[3] else None)
+        if not execution or execution.name != name or execution.threads == 0:
+            raise ValueError(f"an execution is eager or compiled, then +fused or not, then +1thread (+Nthreads) "
+                             f"or not; got {name!r}")
+        return execution
 
     def set_kernel(self, optimizer: torch.optim.Optimizer) -> None:
         """Point ``optimizer`` (new, carried or restored) at this execution's AdamW kernel."""
@@ -67,11 +77,26 @@ class Execution:
 EAGER = Execution()
 
 
-def candidates(phase: Phase, cfg: RunConfig) -> list[Execution]:
+def candidates(phase: Phase, cfg: RunConfig, device: torch.device) -> list[Execution]:
     """What a phase may run as. Not compiled: a phase whose masks ramp (MSG: the mask's value would
-    recompile every step) or that distils from a teacher, and one sharded with FSDP."""
+    recompile every step) or that distils from a teacher, and one sharded with FSDP. On one thread
+    as well as the process's: a phase on a CPU whose process has more than one."""
     compilable = phase.masks is None and phase.teacher is None and not cfg.train.fsdp
-    return [Execution(c, f) for c in ((False, True) if compilable else (False,)) for f in (False, True)]
+    fewer = device.type == "cpu" and torch.get_num_threads() > 1
+    return [Execution(c, f, n) for n in ((None, 1) if fewer else (None,))
+            for c in ((False, True) if compilable else (False,)) for f in (False, True)]
+
+
+@contextmanager
+def intra_op_threads(threads: int | None):
+    """Run the block on ``threads`` intra-op threads (``None``: as many as now); the count is back after."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def trial_key(model: nn.Module, cfg: RunConfig, data: Data, device, micro: int, world: int) -> str:
