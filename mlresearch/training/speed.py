@@ -4,9 +4,9 @@ A growth method saves FLOPs by training small models, but a small model runs far
 FLOP rate, so its wall-time saving trails its FLOPs saving. What runs a shape fastest differs by
 shape and by machine (on the same 2-core CPU, ``torch.compile`` made GPT-2's 1L/64d shape 1.5x
 faster in one probe and no faster in another; docs/speed.md). So the choice is made per shape, by
-measurement: each candidate :class:`Execution`
-(eager or compiled, AdamW's multi-tensor or fused kernel, on a CPU all the process's threads or one) trains a copy of the phase's model for a
-few steps on the run's own batches, and the fastest per step is used. The trial touches nothing of
+measurement: each candidate :class:`Execution` (eager or compiled, AdamW's multi-tensor or fused
+kernel, on a CPU all the process's threads or one) trains a copy of the phase's model for a few
+steps on the run's own batches, and the fastest per step is used. The trial touches nothing of
 the run (its model, optimizer, data position and random generators are as before) and is cached by
 shape, batch, device, threads and library versions in ``<data cache>/speed.json`` (JSON), so a
 machine measures a shape once. Its time is not charged to the ledger (like evaluation); the choice
@@ -40,7 +40,8 @@ class Execution:
     """``compile``: the model runs under ``torch.compile`` (inductor's default mode); ``fused``:
     AdamW's fused kernel instead of its multi-tensor (foreach) one; ``threads``: the phase runs on
     this many intra-op threads instead of the process's (``None``). A tiny shape's matrix products
-    are too small to split across cores: the split's synchronisation can cost more than it saves."""
+    may be too small to split across many cores (on this project's 2-core CPU one thread was slower
+    for every shape: docs/speed.md)."""
 
     compile: bool = False
     fused: bool = False
