@@ -72,6 +72,13 @@ def config_shapes(config: Path) -> dict:
     return shapes
 
 
+def timing_config(config: Path):
+    """The run config a shape is timed under: the experiment's data and batch, and nothing that
+    evaluates, checkpoints or logs mid-phase."""
+    return load_config(config, ["train.eval_every=1000000000", "train.eval_batches=1",
+                                "train.checkpoint_every=1000000000", "train.log_every=1000000000"])
+
+
 def seconds_per_step(cfg, sizes, data, steps: int, warmup: int, execution: str = "eager") -> float:
     from accelerate import Accelerator
 
@@ -109,13 +116,12 @@ def main() -> None:
         spec = load_study(path)
         config = REPO / "experiments" / "configs" / f"{spec['config']}.yaml"
         shapes, root = study_shapes(spec), spec.get("root", "results")
-    # Every shape trains on the experiment's data and batch; nothing evaluates or checkpoints mid-phase.
-    cfg = load_config(config, ["train.eval_every=1000000000", "train.eval_batches=1",
-                               "train.checkpoint_every=1000000000", "train.log_every=1000000000"])
+    cfg = timing_config(config)
+    # (on a GPU, not the one-thread ones: the host's threads idle there)
     everything = [e for e in SPEEDS if e != "auto" and not (torch.cuda.is_available() and "thread" in e)]
-    executions = ["eager"] + [e for e in (everything if args.executions in (None, "all") else
-                                          args.executions.split(",")) if e != "eager"] if args.executions else ["eager"]
-    if set(executions) - set(SPEEDS):  # (on a GPU, not the one-thread ones: the host's threads idle there)
+    named = everything if args.executions == "all" else (args.executions or "eager").split(",")
+    executions = ["eager"] + [e for e in named if e != "eager"]
+    if set(executions) - set(SPEEDS):
         raise SystemExit(f"--executions: {', '.join(sorted(set(executions) - set(SPEEDS)))} is not one of "
                          f"{', '.join(everything)}")
     full = shape_key(model_sizes(cfg))

@@ -16,11 +16,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench_shapes import seconds_per_step, study_shapes
+from bench_shapes import seconds_per_step, study_shapes, timing_config
 from mlresearch.data.datasets import load_data
 from mlresearch.results import REPO
 from mlresearch.study_runner import load_study
-from mlresearch.training.config import load_config
 from mlresearch.training.models import data_settings
 
 
@@ -36,9 +35,7 @@ def main() -> None:
     shapes = study_shapes(spec)
     if args.shape not in shapes:
         raise SystemExit(f"{args.shape} is not a shape of {Path(args.spec).name} (its shapes: {', '.join(shapes)})")
-    cfg = load_config(REPO / "experiments" / "configs" / f"{spec['config']}.yaml",
-                      ["train.eval_every=1000000000", "train.eval_batches=1", "train.checkpoint_every=1000000000",
-                       "train.log_every=1000000000"])
+    cfg = timing_config(REPO / "experiments" / "configs" / f"{spec['config']}.yaml")
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
     data = load_data(cfg.task, data_settings(cfg), cfg.seed)
     seconds_per_step(cfg, shapes[args.shape], data, 5, 2, args.execution)  # (imports, allocator, compilation)
