@@ -72,10 +72,10 @@ def config_shapes(config: Path) -> dict:
     return shapes
 
 
-def timing_config(config: Path):
-    """The run config a shape is timed under: the experiment's data and batch, and nothing that
-    evaluates, checkpoints or logs mid-phase."""
-    return load_config(config, ["train.eval_every=1000000000", "train.eval_batches=1",
+def timing_config(config: Path, sets: list[str] = ()):
+    """The run config a shape is timed under: the experiment's data and batch (and ``sets``, e.g.
+    train.bf16=true on a GPU), and nothing that evaluates, checkpoints or logs mid-phase."""
+    return load_config(config, [*sets, "train.eval_every=1000000000", "train.eval_batches=1",
                                 "train.checkpoint_every=1000000000", "train.log_every=1000000000"])
 
 
@@ -108,6 +108,8 @@ def main() -> None:
     ap.add_argument("--shapes", metavar="KEYS", help="time only these shapes (comma-separated, e.g. 1L/64d/1h; "
                                                       "the full shape is always timed)")
     ap.add_argument("--table", help="write the rows here (default: the study's results/tables/step_time.csv)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override the experiment's config for the timing (repeatable), e.g. train.bf16=true")
     args = ap.parse_args()
     path = Path(args.spec)
     if "experiment" in (yaml.safe_load(path.read_text()) or {}):
@@ -116,7 +118,7 @@ def main() -> None:
         spec = load_study(path)
         config = REPO / "experiments" / "configs" / f"{spec['config']}.yaml"
         shapes, root = study_shapes(spec), spec.get("root", "results")
-    cfg = timing_config(config)
+    cfg = timing_config(config, args.set)
     # (on a GPU, not the one-thread ones: the host's threads idle there)
     everything = [e for e in SPEEDS if e != "auto" and not (torch.cuda.is_available() and "thread" in e)]
     named = everything if args.executions == "all" else (args.executions or "eager").split(",")
@@ -140,15 +142,20 @@ def main() -> None:
         flops = train_flops_per_example(build_model(cfg, data.vocab_size or None, data.special, device="meta",
                                                     sizes=sizes), seq) * cfg.train.batch_size
         for execution in executions:
+            torch._dynamo.reset()  # compiled afresh for each shape: no recompile limit, no shape made dynamic
             times = []
-            for i in range(args.repeats):
-                torch.manual_seed(i)
-                times.append(seconds_per_step(cfg, sizes, data, args.steps, args.warmup, execution))
+            try:
+                for i in range(args.repeats):
+                    torch.manual_seed(i)
+                    times.append(seconds_per_step(cfg, sizes, data, args.steps, args.warmup, execution))
+            except Exception as error:  # (an execution this machine cannot run is reported, the others timed)
+                print(f"{key:>14} {execution:>22}: failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
+                continue
             rows.append({"experiment": cfg.experiment, "shape": key, "execution": execution,
                          "seconds_per_step": statistics.median(times), "min": min(times), "max": max(times),
                          "gflops_per_second": flops / statistics.median(times) / 1e9,
                          "repeats": args.repeats, "steps": args.steps,
-                         "batch_size": cfg.train.batch_size, "threads": torch.get_num_threads(),
+                         "batch_size": cfg.train.batch_size, "bf16": cfg.train.bf16, "threads": torch.get_num_threads(),
                          "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
                          or platform.machine(), "torch": torch.__version__, "git_commit": provenance({}, 0)["git_commit"]})
             rates[key, execution] = rows[-1]["gflops_per_second"]
@@ -163,10 +170,11 @@ def main() -> None:
         print(f"{'shape':>14} | {'eager GFLOP/s':>13} | {'MFU':>7} | {'fastest':>22} | {'GFLOP/s':>7} | {'MFU':>7} | "
               f"{'x eager':>7} | {'vs full eager':>13}")
         for key in shapes:
-            best = max(executions, key=lambda e: rates[key, e])
-            print(f"{key:>14} | {rates[key, 'eager']:13.1f} | {mfu(rates[key, 'eager'])} | {best:>22} | "
-                  f"{rates[key, best]:7.1f} | {mfu(rates[key, best])} | {rates[key, best] / rates[key, 'eager']:7.2f} | "
-                  f"{rates[key, best] / rates[full, 'eager']:13.0%}")
+            rate = lambda e: rates.get((key, e), float("nan"))  # noqa: E731 (nan: the execution failed)
+            best = max(executions, key=lambda e: rates.get((key, e), 0.0))
+            print(f"{key:>14} | {rate('eager'):13.1f} | {mfu(rate('eager'))} | {best:>22} | "
+                  f"{rate(best):7.1f} | {mfu(rate(best))} | {rate(best) / rate('eager'):7.2f} | "
+                  f"{rate(best) / rates.get((full, 'eager'), float('nan')):13.0%}")
     out = Path(args.table) if args.table else REPO / root / "tables" / "step_time.csv"
     table = pd.DataFrame(rows)
     if out.exists():  # other shapes stay

@@ -33,7 +33,7 @@ def _spec(tmp_path, **changes):
     ({"best": {"among": ["missing"]}}, "best.among names runs the spec does not have"),
     ({"variant_seeds": [5]}, "variant_seeds must be a subset of seeds"),
     ({"colour": "red"}, "only the keys"),
-    ({"speed": "fast"}, "speed must be one of eager, eager.fused, compiled, compiled.fused, eager.1thread, .*, auto, got 'fast'"),
+    ({"speed": "fast"}, "speed must be one of eager, eager.fused, compiled, compiled.fused, compiled.graphs, .*, eager.1thread, .*, auto, got 'fast'"),
 ])
 def test_a_bad_spec_is_one_clear_line_before_anything_runs(tmp_path, change, message):
     with pytest.raises(StudyError, match=message):

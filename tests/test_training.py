@@ -547,16 +547,20 @@ def test_every_execution_trains_the_eager_model_within_fp32_tolerance(tmp_path, 
     eager = run_method(smoke("gpt2", *SPEED_RUN), "baseline", tmp_path / "eager")
     assert "execution" not in eager and RunRecord.read(tmp_path / "eager").execution == {"baseline": "eager"}
     names = [Execution(c, f, n).name for n in (None, 1) for c in (False, True) for f in (False, True)]
-    assert set(SPEEDS) == {*names, "auto"} and all(Execution.parse(n).name == n for n in names)
+    graphs = [Execution(True, f, graphs=True).name for f in (False, True)]
+    assert set(SPEEDS) == {*names, *graphs, "auto"} and all(Execution.parse(n).name == n for n in names + graphs)
     assert Execution.parse("compiled+fused+1thread") == Execution(True, True, 1)
+    assert Execution.parse("compiled+graphs+fused").compile_options == {"mode": "reduce-overhead"}
+    assert Execution.parse("compiled").compile_options == {} and Execution.parse("eager+fused").compile_options is None
     assert Execution.parse("eager+4threads").threads == 4
-    for bad in ("eager+fused+1threads", "eager+1thread+fused", "eager+0threads", "fused", "eager+"):
+    for bad in ("eager+fused+1threads", "eager+1thread+fused", "eager+0threads", "fused", "eager+", "eager+graphs",
+                "compiled+fused+graphs"):
         with pytest.raises(ValueError, match="an execution is eager or compiled"):
             Execution.parse(bad)
     threads, seen = torch.get_num_threads(), []
     accumulate = engine.accumulate
     monkeypatch.setattr(engine, "accumulate", lambda *a, **k: seen.append(torch.get_num_threads()) or accumulate(*a, **k))
-    for name in [*names[1:4], "eager+1thread", "compiled+fused+1thread"]:
+    for name in [*names[1:4], "eager+1thread", "compiled+fused+1thread", "compiled+graphs+fused"]:
         seen.clear()
         run = run_method(smoke("gpt2", *SPEED_RUN, f"train.speed={name}"), "baseline", tmp_path / name)
         assert abs(run["final_full_val"]["val_loss"] - eager["final_full_val"]["val_loss"]) <= FP32, name
@@ -564,7 +568,7 @@ def test_every_execution_trains_the_eager_model_within_fp32_tolerance(tmp_path, 
         assert run["execution"] == {"baseline": name} == RunRecord.read(tmp_path / name).execution
         assert set(seen) == {Execution.parse(name).threads or threads} and torch.get_num_threads() == threads, name
     with pytest.raises(ConfigError, match="train.speed must be 'eager', 'eager.fused', 'compiled', 'compiled.fused', "
-                                          "'eager.1thread', .* or 'auto', got 'fast'"):
+                                          "'compiled.graphs', .*'eager.1thread', .* or 'auto', got 'fast'"):
         smoke("gpt2", "train.speed=fast")
     with pytest.raises(ConfigError, match="train.speed: auto says whether to compile; leave train.compile false"):
         smoke("gpt2", "train.speed=auto", "train.compile=true")
@@ -614,11 +618,14 @@ def test_auto_takes_the_fastest_measured_execution_once_per_shape(tmp_path, monk
 
     cfg, plain, cpu = smoke("gpt2"), Phase("p", 1, 10, 1e-3, 0), torch.device("cpu")
     threads = torch.get_num_threads()
-    try:  # one thread is a candidate on a CPU whose process has more; a phase with masks is never compiled
-        torch.set_num_threads(2)
-        assert {e.name for e in speed.candidates(plain, cfg, cpu)} == set(SPEEDS) - {"auto"}
-        assert {e.name for e in speed.candidates(plain, cfg, torch.device("cuda"))} == set(SPEEDS[:4])
+    graphs = {"compiled+graphs", "compiled+graphs+fused"}
+    try:  # one thread is a candidate on a CPU whose process has more, CUDA graphs on a GPU; a phase with masks
+        torch.set_num_threads(2)  # is never compiled
+        assert {e.name for e in speed.candidates(plain, cfg, cpu)} == set(SPEEDS) - {"auto"} - graphs
+        assert {e.name for e in speed.candidates(plain, cfg, torch.device("cuda"))} == set(SPEEDS[:4]) | graphs
         assert not any(e.compile for e in speed.candidates(Phase("m", 1, 10, 1e-3, 0, masks=object()), cfg, cpu))
+        assert {e.name for e in speed.candidates(Phase("m", 1, 10, 1e-3, 0, masks=object()), cfg,
+                                                 torch.device("cuda"))} == {"eager", "eager+fused"}
         torch.set_num_threads(1)
         assert {e.name for e in speed.candidates(plain, cfg, cpu)} == set(SPEEDS[:4])
     finally:

@@ -63,8 +63,9 @@ class ModelConfig:
 
 
 # train.speed (training/speed.py): one execution for every phase, or "auto", each phase's measured fastest
-# (+1thread: the phase on one intra-op thread, for shapes too small to split across cores)
-SPEEDS = ("eager", "eager+fused", "compiled", "compiled+fused",
+# (+1thread: the phase on one intra-op thread, for shapes too small to split across cores; +graphs: a GPU
+# replays each step as CUDA graphs, for shapes bound by kernel launches)
+SPEEDS = ("eager", "eager+fused", "compiled", "compiled+fused", "compiled+graphs", "compiled+graphs+fused",
           "eager+1thread", "eager+fused+1thread", "compiled+1thread", "compiled+fused+1thread", "auto")
 
 

@@ -289,8 +289,10 @@ def _train_phase(model, optimizer, phase: Phase, data: Data, cfg: RunConfig, acc
     flops_per_example, tokens_per_example = train_flops_per_example(model, seq), seq or 1
     batch, world = t.batch_size, accelerator.num_processes
     micro = _micro_batch(cfg, world)
-    compiled = t.compile if t.speed == "eager" else _execution(model, optimizer, phase, cfg, data, accelerator, micro,
-                                                                run_state.log, progress.start)
+    if t.speed == "eager":  # train.compile: true, or a backend's name
+        compiled = None if not t.compile else {} if t.compile is True else {"backend": t.compile}
+    else:
+        compiled = _execution(model, optimizer, phase, cfg, data, accelerator, micro, run_state.log, progress.start)
     model, optimizer, scheduler, raw, sharded = _distribute(model, optimizer, scheduler, phase, cfg, accelerator,
                                                             compiled)
     extras = PhaseExtras(phase, teacher, raw, progress.start, accelerator.device, seq)
@@ -547,24 +549,24 @@ def _optimizer_and_schedule(model: nn.Module, optimizer, phase: Phase, cfg: RunC
 
 
 def _execution(model: nn.Module, optimizer, phase: Phase, cfg: RunConfig, data: Data, accelerator, micro: int,
-               log: MetricsLog, start: int) -> bool:
+               log: MetricsLog, start: int) -> dict | None:
     """``train.speed`` other than eager (:mod:`.speed`): the phase's execution -- the one named, or
     (auto) this shape's fastest, measured or cached -- with ``optimizer`` set to its AdamW kernel and
     an ``execution`` event in the log, and the process on its threads (:func:`train_phase` restores
-    them); returns whether to compile the model."""
+    them); returns ``torch.compile``'s keyword arguments, or None: not compiled."""
     if cfg.train.speed == "auto":
         execution, trial = _choose_execution(model, phase, cfg, data, accelerator, micro)
     else:
         execution = Execution.parse(cfg.train.speed)
         if not any(option.compile for option in candidates(phase, cfg, accelerator.device)):
-            execution = replace(execution, compile=False)  # (a phase that is never compiled runs eager)
+            execution = replace(execution, compile=False, graphs=False)  # (a phase never compiled runs eager)
         trial = {**asdict(execution), "execution": execution.name}
     execution.set_kernel(optimizer)
     if execution.threads is not None:
         torch.set_num_threads(execution.threads)
     if start == 0:  # (a resumed phase wrote it before its checkpoint)
         log.write({"event": "execution", "phase": phase.name, "level": phase.level, **trial})
-    return execution.compile
+    return execution.compile_options
 
 
 def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data, accelerator, micro: int,
@@ -581,7 +583,7 @@ def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data
         trial = copy.deepcopy(model).train()
         optimizer = new_optimizer(trial, cfg, phase.lr)
         execution.set_kernel(optimizer)
-        runner = torch.compile(trial) if execution.compile else trial
+        runner = trial if execution.compile_options is None else torch.compile(trial, **execution.compile_options)
         times = []
         for step in range(warmup + steps):
             tick = time.perf_counter()
@@ -605,8 +607,8 @@ def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data
 
 def _distribute(model, optimizer, scheduler, phase: Phase, cfg: RunConfig, accelerator, compiled):
     """The model and optimizer under DDP (``accelerate``) or FSDP2 (:class:`Sharded`), maybe
-    compiled (``compiled``: true, or a backend's name); ``raw`` is the plain model evaluation and
-    checkpoints use."""
+    compiled (``compiled``: ``torch.compile``'s keyword arguments; None: not); ``raw`` is the plain
+    model evaluation and checkpoints use."""
     t = cfg.train
     if t.fsdp and accelerator.num_processes > 1:
         sharded = Sharded(model, cfg, phase.lr, accelerator.device)
@@ -615,8 +617,8 @@ def _distribute(model, optimizer, scheduler, phase: Phase, cfg: RunConfig, accel
         sharded = None
         model, optimizer = accelerator.prepare(model, optimizer)
     raw = accelerator.unwrap_model(model)
-    if compiled:  # the compiled module shares raw's parameters; evaluation and checkpoints use raw
-        model = torch.compile(model, **({} if compiled is True else {"backend": compiled}))
+    if compiled is not None:  # the compiled module shares raw's parameters; evaluation and checkpoints use raw
+        model = torch.compile(model, **compiled)
     return model, optimizer, scheduler, raw, sharded
 
 
@@ -775,6 +777,7 @@ def accumulate(model, data: Data, idx: np.ndarray, micro: int, data_step: int, c
 
     part = (accelerator.process_index, accelerator.num_processes)  # idx = rows rank::world of the step's batch
     batch = make_batch(data, "train", idx, data_step, cfg.seed, part)  # drawn whole: masks do not depend on ``micro``
+    torch.compiler.cudagraph_mark_step_begin()  # (a new step for CUDA graphs: the last step's outputs are consumed)
     starts = range(0, len(idx), micro)
     total = torch.zeros((), device=accelerator.device)
     for j, i in enumerate(starts):

@@ -23,7 +23,7 @@ import json
 import platform
 import re
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
@@ -37,7 +37,10 @@ from .phase import Phase
 
 @dataclass(frozen=True)
 class Execution:
-    """``compile``: the model runs under ``torch.compile`` (inductor's default mode); ``fused``:
+    """``compile``: the model runs under ``torch.compile`` (inductor's default mode); ``graphs``:
+    compiled in inductor's "reduce-overhead" mode, which replays each step's kernels as one CUDA
+    graph (a small shape on a GPU is bound by kernel launches, not arithmetic; on a CPU the mode
+    compiles as the default one); ``fused``:
     AdamW's fused kernel instead of its multi-tensor (foreach) one; ``threads``: the phase runs on
     this many intra-op threads instead of the process's (``None``). A tiny shape's matrix products
     may be too small to split across many cores (on this project's 2-core CPU one thread was slower
@@ -46,22 +49,30 @@ class Execution:
     compile: bool = False
     fused: bool = False
     threads: int | None = None
+    graphs: bool = False
 
     @property
     def name(self) -> str:
         threads = "" if self.threads is None else f"+{self.threads}thread" + ("s" if self.threads > 1 else "")
-        return ("compiled" if self.compile else "eager") + ("+fused" if self.fused else "") + threads
+        return (("compiled" if self.compile else "eager") + ("+graphs" if self.graphs else "")
+                + ("+fused" if self.fused else "") + threads)
+
+    @property
+    def compile_options(self) -> dict | None:
+        """``torch.compile``'s keyword arguments for this execution; None: not compiled."""
+        return ({"mode": "reduce-overhead"} if self.graphs else {}) if self.compile else None
 
     @classmethod
     def parse(cls, name: str) -> "Execution":
-        """The execution ``name`` names: eager or compiled, then maybe "+fused", then maybe "+1thread"
-        ("+Nthreads"), e.g. "compiled+fused+1thread"."""
-        match = re.fullmatch(r"(eager|compiled)(\+fused)?(?:\+(\d+)threads?)?", name)
-        execution = match and cls(compile=match[1] == "compiled", fused=bool(match[2]),
-                                  threads=int(match[3]) if match[3] else None)
-        if not execution or execution.name != name or execution.threads == 0:
-            raise ValueError(f"an execution is eager or compiled, then +fused or not, then +1thread (+Nthreads) "
-                             f"or not; got {name!r}")
+        """The execution ``name`` names: eager or compiled (compiled maybe "+graphs"), then maybe
+        "+fused", then maybe "+1thread" ("+Nthreads"), e.g. "compiled+graphs+fused"."""
+        match = re.fullmatch(r"(eager|compiled)(\+graphs)?(\+fused)?(?:\+(\d+)threads?)?", name)
+        execution = match and cls(compile=match[1] == "compiled", fused=bool(match[3]),
+                                  threads=int(match[4]) if match[4] else None, graphs=bool(match[2]))
+        if not execution or execution.name != name or execution.threads == 0 or (execution.graphs
+                                                                                 and not execution.compile):
+            raise ValueError(f"an execution is eager or compiled (compiled+graphs: CUDA graphs), then +fused or "
+                             f"not, then +1thread (+Nthreads) or not; got {name!r}")
         return execution
 
     def set_kernel(self, optimizer: torch.optim.Optimizer) -> None:
@@ -81,11 +92,14 @@ EAGER = Execution()
 def candidates(phase: Phase, cfg: RunConfig, device: torch.device) -> list[Execution]:
     """What a phase may run as. Not compiled: a phase whose masks ramp (MSG: the mask's value would
     recompile every step) or that distils from a teacher, and one sharded with FSDP. On one thread
-    as well as the process's: a phase on a CPU whose process has more than one."""
+    as well as the process's: a phase on a CPU whose process has more than one. With CUDA graphs
+    as well as without: a compiled phase on a GPU."""
     compilable = phase.masks is None and phase.teacher is None and not cfg.train.fsdp
     fewer = device.type == "cpu" and torch.get_num_threads() > 1
-    return [Execution(c, f, n) for n in ((None, 1) if fewer else (None,))
-            for c in ((False, True) if compilable else (False,)) for f in (False, True)]
+    compiled = ([Execution(True), Execution(True, graphs=True)] if device.type == "cuda" else [Execution(True)]
+                ) if compilable else []
+    return [replace(e, fused=f, threads=n) for n in ((None, 1) if fewer else (None,))
+            for e in [Execution(), *compiled] for f in (False, True)]
 
 
 @contextmanager
