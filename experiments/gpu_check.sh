@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One short check on a CUDA machine, before anyone spends GPU-hours on a paper preset (about 8 minutes
-# on one H100-class GPU; CPU tests stay the CI). Every step runs under its own time limit and a failed
+# on one H100-class GPU, 10 at most; CPU tests stay the CI). Every step runs under its own time limit and a failed
 # step does not stop the next; each prints what it measured, then "-- STEP: rc N in S s":
 #   1. a GPT-2-124M-shaped model (12L/768d, 512 tokens, GPT-2's vocabulary) in bf16 with torch.compile:
 #      tokens/s, MFU (against the device's dense bf16 peak) and peak memory;
 #   2. a V-cycle of the same shape, eager (coalesce, small model, de-coalesce, merge): the operators on a GPU,
 #      and each phase's MFU (its first phase is the full shape eager, beside step 1's compiled);
-#   3. small phases at full speed: the GPT-2 CPU study's full shape and its V-cycle's small shapes, bf16, eager
+#   3. small phases at full speed: the GPT-2 CPU study's full shape and its V-cycle's small shapes (1L/64d,
+#      2L/32d), bf16, eager
 #      and compiled, with and without CUDA graphs and AdamW's fused kernel: GFLOP/s, MFU, the small shape's
 #      rate over the full shape's eager rate;
 #   4. the smoke presets of every task in bf16, eager; GPT-2's also compiled and compiled with CUDA graphs
@@ -73,7 +74,7 @@ if [ -z "$dry" ]; then
        --set train.batch_size=32 --set train.lr=0.0006 --set train.warmup=30 --set train.bf16=true
        --set train.log_every=25 --set train.eval_every=300 --set train.eval_batches=4 --set train.checkpoint_every=100000)
   steps=200 cycle=(--set vcycle.down_steps=[20] --set vcycle.small_steps=100 --set vcycle.up_steps=[80])
-  bench=(--steps 30 --warmup 5 --repeats 2 --set train.bf16=true --set train.threads=null)
+  bench=(--steps 30 --warmup 5 --repeats 2 --shapes 1L/64d/2h,2L/32d/1h --set train.bf16=true --set train.threads=null)
   executions=eager,eager+fused,compiled+fused,compiled+graphs+fused
 else  # toy sizes: every step's plumbing, on a CPU
   big=(--set model.layers=2 --set model.heads=2 --set model.hidden=64 --set data.tokenizer=gpt2 --set data.seq_len=64
@@ -83,24 +84,24 @@ else  # toy sizes: every step's plumbing, on a CPU
   bench=(--steps 2 --warmup 1 --repeats 1 --shapes 2L/32d/1h)
   executions=eager,compiled+graphs+fused
 fi
-step "1. GPT-2-124M shape, bf16, compiled" 150 "${ml[@]}" run experiments/configs/gpt2_tiny.yaml --method baseline \
+step "1. GPT-2-124M shape, bf16, compiled" 130 "${ml[@]}" run experiments/configs/gpt2_tiny.yaml --method baseline \
   --out "$out/gpt2-124m-compiled" --overwrite "${big[@]}" --set train.steps=$steps --set train.compile=true "${one[@]}"
 summary "$out/gpt2-124m-compiled"
-step "2. V-cycle of the same shape, bf16, eager" 150 "${ml[@]}" run experiments/configs/gpt2_tiny.yaml --method vcycle \
+step "2. V-cycle of the same shape, bf16, eager" 90 "${ml[@]}" run experiments/configs/gpt2_tiny.yaml --method vcycle \
   --out "$out/gpt2-124m-vcycle" --overwrite "${big[@]}" --set train.steps=$steps "${cycle[@]}" \
   --set vcycle.lr=[0.0006,0.0012] "${one[@]}"
 summary "$out/gpt2-124m-vcycle"
 grep -h '"interpolated"' "$out/gpt2-124m-vcycle/metrics.jsonl" 2>/dev/null || true
-step "3. small phases at full speed: gpt2_regime's shapes, bf16, each execution (GFLOP/s, MFU)" 200 \
+step "3. small phases at full speed: gpt2_regime's shapes, bf16, each execution (GFLOP/s, MFU)" 180 \
   "$py" experiments/bench_shapes.py experiments/studies/gpt2_regime.yaml "${bench[@]}" --executions "$executions" \
   --table "$out/step_time-gpt2_regime.csv"
 echo "== 4. smoke presets, bf16: every task eager; GPT-2 also compiled and compiled with CUDA graphs"
 for p in gpt2 bert llama deit; do
-  step "4. $p eager" 40 "${ml[@]}" run "experiments/configs/${p}_smoke.yaml" --method baseline --out "$out/${p}-bf16" \
+  step "4. $p eager" 30 "${ml[@]}" run "experiments/configs/${p}_smoke.yaml" --method baseline --out "$out/${p}-bf16" \
     --overwrite --set train.bf16=true "${one[@]}"
 done
 for s in compiled compiled+graphs+fused; do
-  step "4. gpt2 $s" 60 "${ml[@]}" run experiments/configs/gpt2_smoke.yaml --method baseline --out "$out/gpt2-bf16-$s" \
+  step "4. gpt2 $s" 50 "${ml[@]}" run experiments/configs/gpt2_smoke.yaml --method baseline --out "$out/gpt2-bf16-$s" \
     --overwrite --set train.bf16=true --set train.speed=$s "${one[@]}"
 done
 summary "$out"/{gpt2,bert,llama,deit}-bf16
