@@ -59,12 +59,12 @@ def study_shapes(spec: dict) -> dict:
     return shapes
 
 
-def config_shapes(config: Path) -> dict:
-    """shape key -> sizes for every phase of every method a run config can plan (a preset)."""
+def config_shapes(config: Path, sets: list[str] = ()) -> dict:
+    """shape key -> sizes for every phase of every method a run config (a preset, with ``sets``) can plan."""
     shapes = {}
     for method in sorted(METHODS):
         try:
-            phases = planned_ledger(load_config(config), method)["phases"]
+            phases = planned_ledger(load_config(config, sets), method)["phases"]
         except ConfigError:  # a method this preset cannot plan
             continue
         for phase in phases:
@@ -113,7 +113,7 @@ def main() -> None:
     args = ap.parse_args()
     path = Path(args.spec)
     if "experiment" in (yaml.safe_load(path.read_text()) or {}):
-        config, shapes, root = path, config_shapes(path), "results"
+        config, shapes, root = path, config_shapes(path, args.set), "results"
     else:
         spec = load_study(path)
         config = REPO / "experiments" / "configs" / f"{spec['config']}.yaml"

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# One short check on a CUDA machine, before anyone spends GPU-hours on a paper preset (about 8 minutes
-# on one H100-class GPU, 10 at most; CPU tests stay the CI). Every step runs under its own time limit and a failed
+# One short check on a CUDA machine, before anyone spends GPU-hours on a paper preset (about 9 minutes
+# on one H200, 12 at most; CPU tests stay the CI). Every step runs under its own time limit and a failed
 # step does not stop the next; each prints what it measured, then "-- STEP: rc N in S s":
 #   1. a GPT-2-124M-shaped model (12L/768d, 512 tokens, GPT-2's vocabulary) in bf16 with torch.compile:
 #      tokens/s, MFU (against the device's dense bf16 peak) and peak memory;
 #   2. a V-cycle of the same shape, eager (coalesce, small model, de-coalesce, merge): the operators on a GPU,
 #      and each phase's MFU (its first phase is the full shape eager, beside step 1's compiled);
 #   3. small phases at full speed: the GPT-2 CPU study's full shape and its V-cycle's small shapes (1L/64d,
-#      2L/32d), bf16, eager
-#      and compiled, with and without CUDA graphs and AdamW's fused kernel: GFLOP/s, MFU, the small shape's
-#      rate over the full shape's eager rate;
+#      2L/32d), bf16, eager and compiled, with and without CUDA graphs and AdamW's fused kernel: GFLOP/s,
+#      MFU, the small shape's rate over the full shape's eager rate; then the same for step 1's shape and its
+#      V-cycle's small shape (12L/768d, 6L/384d);
 #   4. the smoke presets of every task in bf16, eager; GPT-2's also compiled and compiled with CUDA graphs
 #      (train.speed): the final losses must agree within bf16;
 #   5. with 2+ GPUs: the GPT-2 smoke V-cycle under FSDP (torchrun, NCCL), against one GPU.
@@ -76,6 +76,9 @@ if [ -z "$dry" ]; then
   steps=200 cycle=(--set vcycle.down_steps=[20] --set vcycle.small_steps=100 --set vcycle.up_steps=[80])
   bench=(--steps 30 --warmup 5 --repeats 2 --shapes 1L/64d/2h,2L/32d/1h --set train.bf16=true --set train.threads=null)
   executions=eager,eager+fused,compiled+fused,compiled+graphs+fused
+  base=(--shapes 6L/384d/6h --steps 20 --warmup 3 --repeats 1 --set model.layers=12 --set model.heads=12
+        --set model.hidden=768 --set data.tokenizer=gpt2 --set data.seq_len=512 --set train.batch_size=32
+        --set train.bf16=true --set train.threads=null)
 else  # toy sizes: every step's plumbing, on a CPU
   big=(--set model.layers=2 --set model.heads=2 --set model.hidden=64 --set data.tokenizer=gpt2 --set data.seq_len=64
        --set train.batch_size=4 --set train.warmup=2 --set train.log_every=2 --set train.eval_every=300
@@ -83,6 +86,8 @@ else  # toy sizes: every step's plumbing, on a CPU
   steps=8 cycle=(--set vcycle.down_steps=[2] --set vcycle.small_steps=4 --set vcycle.up_steps=[2])
   bench=(--steps 2 --warmup 1 --repeats 1 --shapes 2L/32d/1h)
   executions=eager,compiled+graphs+fused
+  base=(--shapes 2L/32d/2h --steps 2 --warmup 1 --repeats 1 --set model.layers=4 --set model.heads=4 --set model.hidden=64
+        --set data.tokenizer=gpt2 --set data.seq_len=64 --set train.batch_size=4 --set data.max_documents=40)
 fi
 step "1. GPT-2-124M shape, bf16, compiled" 130 "${ml[@]}" run experiments/configs/gpt2_tiny.yaml --method baseline \
   --out "$out/gpt2-124m-compiled" --overwrite "${big[@]}" --set train.steps=$steps --set train.compile=true "${one[@]}"
@@ -95,6 +100,9 @@ grep -h '"interpolated"' "$out/gpt2-124m-vcycle/metrics.jsonl" 2>/dev/null || tr
 step "3. small phases at full speed: gpt2_regime's shapes, bf16, each execution (GFLOP/s, MFU)" 180 \
   "$py" experiments/bench_shapes.py experiments/studies/gpt2_regime.yaml "${bench[@]}" --executions "$executions" \
   --table "$out/step_time-gpt2_regime.csv"
+step "3. the same at GPT-2-124M's V-cycle: 12L/768d and its 6L/384d small shape, bf16" 150 \
+  "$py" experiments/bench_shapes.py experiments/configs/gpt2_tiny.yaml "${base[@]}" \
+  --executions eager,compiled+fused,compiled+graphs+fused --table "$out/step_time-gpt2_124m.csv"
 echo "== 4. smoke presets, bf16: every task eager; GPT-2 also compiled and compiled with CUDA graphs"
 for p in gpt2 bert llama deit; do
   step "4. $p eager" 30 "${ml[@]}" run "experiments/configs/${p}_smoke.yaml" --method baseline --out "$out/${p}-bf16" \
