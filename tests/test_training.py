@@ -574,6 +574,37 @@ def test_every_execution_trains_the_eager_model_within_fp32_tolerance(tmp_path, 
         smoke("gpt2", "train.speed=auto", "train.compile=true")
 
 
+def test_bench_shapes_plans_under_sets_and_reports_a_failing_execution(tmp_path, monkeypatch, capsys):
+    """The shape benchmark (experiments/bench_shapes.py, the GPU check's step 3): a preset's shapes are
+    planned under --set (GPT-2-124M's V-cycle halves 12L/768d to 6L/384d), and an execution the
+    machine cannot run is one printed line while the others are timed and written; the GPU check
+    script parses."""
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
+    import bench_shapes
+
+    sets = ["model.layers=12", "model.heads=12", "model.hidden=768"]
+    assert {"12L/768d/12h", "6L/384d/6h"} <= set(bench_shapes.config_shapes(CONFIGS / "gpt2_tiny.yaml", sets))
+
+    def fake(cfg, sizes, data, steps, warmup, execution="eager"):
+        if execution == "compiled+fused":
+            raise RuntimeError("no compiler here")
+        return 0.01 if cfg.train.bf16 else 0.02
+
+    monkeypatch.setattr(bench_shapes, "seconds_per_step", fake)
+    table = tmp_path / "step_time.csv"
+    monkeypatch.setattr(sys, "argv", ["bench_shapes.py", str(CONFIGS / "gpt2_smoke.yaml"), "--repeats", "1",
+                                      "--executions", "eager,compiled+fused", "--set", "train.bf16=true",
+                                      "--table", str(table)])
+    bench_shapes.main()
+    out = capsys.readouterr().out
+    assert "compiled+fused: failed: RuntimeError: no compiler here" in out
+    import pandas as pd
+
+    rows = pd.read_csv(table)
+    assert set(rows["execution"]) == {"eager"} and rows["bf16"].all() and (rows["seconds_per_step"] == 0.01).all()
+    assert subprocess.run(["bash", "-n", str(REPO / "experiments" / "gpu_check.sh")]).returncode == 0
+
+
 def test_a_run_resumes_under_another_execution(tmp_path):
     """Checkpoints are the plain model's and optimizer's: a run killed under compiled+fused resumes
     eager (a setting resume does not compare) and ends within FP32 of an uninterrupted eager run,
