@@ -94,7 +94,7 @@ step "1. GPT-2-124M shape, bf16, compiled" 130 "${ml[@]}" run experiments/config
 summary "$out/gpt2-124m-compiled"
 step "2. V-cycle of the same shape, bf16, eager" 90 "${ml[@]}" run experiments/configs/gpt2_tiny.yaml --method vcycle \
   --out "$out/gpt2-124m-vcycle" --overwrite "${big[@]}" --set train.steps=$steps "${cycle[@]}" \
-  --set vcycle.lr=[0.0006,0.0012] "${one[@]}"
+  --set vcycle.lr=[0.0006,0.0012] --set train.log_every=10 "${one[@]}"  # (rows in its 20-step first phase too)
 summary "$out/gpt2-124m-vcycle"
 grep -h '"interpolated"' "$out/gpt2-124m-vcycle/metrics.jsonl" 2>/dev/null || true
 step "3. small phases at full speed: gpt2_regime's shapes, bf16, each execution (GFLOP/s, MFU)" 180 \
