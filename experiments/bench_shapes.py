@@ -49,12 +49,13 @@ from mlresearch.training.methods import METHODS, planned_ledger
 from mlresearch.training.models import build_model, data_settings, model_sizes
 
 
-def study_shapes(spec: dict) -> dict:
-    """shape key -> sizes for every phase of every run the study makes."""
+def study_shapes(spec: dict, overrides: list[str] = ()) -> dict:
+    """shape key -> sizes for every phase of every run the study makes (its config under ``overrides``,
+    as the timing's, then each run's sets)."""
     config = REPO / "experiments" / "configs" / f"{spec['config']}.yaml"
     shapes = {}
     for method, sets in [("baseline", [])] + [(r["method"], r.get("set", [])) for r in spec["runs"].values()]:
-        for phase in planned_ledger(load_config(config, sets), method)["phases"]:
+        for phase in planned_ledger(load_config(config, [*overrides, *sets]), method)["phases"]:
             shapes.setdefault(shape_key(phase["sizes"]), phase["sizes"])
     return shapes
 
@@ -117,7 +118,7 @@ def main() -> None:
     else:
         spec = load_study(path)
         config = REPO / "experiments" / "configs" / f"{spec['config']}.yaml"
-        shapes, root = study_shapes(spec), spec.get("root", "results")
+        shapes, root = study_shapes(spec, args.set), spec.get("root", "results")
     cfg = timing_config(config, args.set)
     # (on a GPU, not the one-thread ones: the host's threads idle there)
     everything = [e for e in SPEEDS if e != "auto" and not (torch.cuda.is_available() and "thread" in e)]
