@@ -135,6 +135,12 @@ def main() -> None:
             raise SystemExit(f"--shapes: {', '.join(sorted(unknown))} is not a shape of {path.name} "
                              f"(its shapes: {', '.join(shapes)})")
         shapes = {k: v for k, v in shapes.items() if k == full or k in args.shapes.split(",")}
+    out = Path(args.table) if args.table else REPO / root / "tables" / "step_time.csv"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
+    if out.exists() and "device" in (previous := pd.read_csv(out)) and set(previous["device"].dropna()) - {device}:
+        # (a study's modelled wall reads one machine's timings: another machine's would mix in)
+        raise SystemExit(f"--table: {out} holds timings from {', '.join(sorted(set(previous['device'].dropna())))}, "
+                         f"not this {device}: write this machine's to another table (--table)")
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
     data = load_data(cfg.task, data_settings(cfg), cfg.seed)
     rows, rates = [], {}
@@ -157,8 +163,7 @@ def main() -> None:
                          "gflops_per_second": flops / statistics.median(times) / 1e9,
                          "repeats": args.repeats, "steps": args.steps,
                          "batch_size": cfg.train.batch_size, "bf16": cfg.train.bf16, "threads": torch.get_num_threads(),
-                         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
-                         or platform.machine(), "torch": torch.__version__, "git_commit": provenance({}, 0)["git_commit"]})
+                         "device": device, "torch": torch.__version__, "git_commit": provenance({}, 0)["git_commit"]})
             rates[key, execution] = rows[-1]["gflops_per_second"]
             print(f"{key:>14} {execution:>22}: {rows[-1]['seconds_per_step'] * 1e3:7.2f} ms/step, "
                   f"{rows[-1]['gflops_per_second']:6.1f} GFLOP/s (median of {args.repeats}; min {min(times) * 1e3:.2f}, "
@@ -176,14 +181,15 @@ def main() -> None:
             print(f"{key:>14} | {rate('eager'):13.1f} | {mfu(rate('eager'))} | {best:>22} | "
                   f"{rate(best):7.1f} | {mfu(rate(best))} | {rate(best) / rate('eager'):7.2f} | "
                   f"{rate(best) / rates.get((full, 'eager'), float('nan')):13.0%}")
-    out = Path(args.table) if args.table else REPO / root / "tables" / "step_time.csv"
     table = pd.DataFrame(rows)
     if out.exists():  # other shapes stay
         previous = pd.read_csv(out)
         if "execution" not in previous:  # rows from before executions were timed: eager
             previous["execution"] = "eager"
         previous["execution"] = previous["execution"].fillna("eager")
-        index = ["experiment", "shape", "execution"]
+        # (a shape timed in bf16 is another row than the same shape in fp32: neither replaces the other)
+        previous["bf16"] = previous["bf16"].fillna(False).astype(bool) if "bf16" in previous else False
+        index = ["experiment", "shape", "execution", "bf16"]
         keep = ~previous.set_index(index).index.isin(table.set_index(index).index)
         table = pd.concat([previous[keep], table], ignore_index=True)
     out.parent.mkdir(parents=True, exist_ok=True)

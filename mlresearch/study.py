@@ -72,15 +72,17 @@ def _downstream(record: RunRecord) -> float | None:
 
 
 def step_times(results: Path) -> dict:
-    """(experiment, shape, execution) -> median seconds per training step on a quiet machine
+    """(experiment, shape, execution, bf16) -> median seconds per training step on a quiet machine
     (``results/tables/step_time.csv``, written by experiments/bench_shapes.py; rows without an
-    execution were timed eager)."""
+    execution were timed eager, rows without a precision in fp32)."""
     path = results / "tables" / "step_time.csv"
     if not path.exists():
         return {}
     table = pd.read_csv(path)
     executions = table["execution"].fillna("eager") if "execution" in table else ["eager"] * len(table)
-    return {(r.experiment, r.shape, e): float(r.seconds_per_step) for r, e in zip(table.itertuples(), executions)}
+    precisions = table["bf16"].fillna(False).astype(bool) if "bf16" in table else [False] * len(table)
+    return {(r.experiment, r.shape, e, b): float(r.seconds_per_step)
+            for r, e, b in zip(table.itertuples(), executions, precisions)}
 
 
 def modelled_wall(record: RunRecord, times: dict):
@@ -88,9 +90,9 @@ def modelled_wall(record: RunRecord, times: dict):
     giving sum(steps x seconds per step of each phase's shape) up to that point; None when a shape
     the run passed through was not benchmarked. Measured wall time on a shared machine is noise;
     this is what a saving in wall time is claimed from. Each phase is timed as it ran (its execution:
-    eager, or what ``train.speed`` chose)."""
-    execution = record.execution
-    per_step = {p["phase"]: times.get((record.experiment, shape_key(Sizes(**p["shape"])), execution[p["phase"]]))
+    eager, or what ``train.speed`` chose; in its precision: a bf16 timing never stands in for fp32)."""
+    execution, bf16 = record.execution, bool((record.config.get("train") or {}).get("bf16", False))
+    per_step = {p["phase"]: times.get((record.experiment, shape_key(Sizes(**p["shape"])), execution[p["phase"]], bf16))
                 for p in record.phases}
     if any(v is None for v in per_step.values()):
         return None

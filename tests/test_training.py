@@ -602,6 +602,19 @@ def test_bench_shapes_plans_under_sets_and_reports_a_failing_execution(tmp_path,
 
     rows = pd.read_csv(table)
     assert set(rows["execution"]) == {"eager"} and rows["bf16"].all() and (rows["seconds_per_step"] == 0.01).all()
+    # The same shapes timed in fp32 are rows of their own: the bf16 timings stay beside them.
+    monkeypatch.setattr(sys, "argv", ["bench_shapes.py", str(CONFIGS / "gpt2_smoke.yaml"), "--repeats", "1",
+                                      "--table", str(table)])
+    bench_shapes.main()
+    both = pd.read_csv(table)
+    assert len(both) == 2 * len(rows) and set(both.loc[~both["bf16"], "seconds_per_step"]) == {0.02}
+    assert both[both["bf16"]].reset_index(drop=True).equals(rows)
+    # Another machine's timings are refused before anything is timed or written.
+    pd.concat([both, both.head(1).assign(device="NVIDIA H200")]).to_csv(table, index=False)
+    before = table.read_text()
+    with pytest.raises(SystemExit, match="holds timings from NVIDIA H200, .*: write this machine's to another table"):
+        bench_shapes.main()
+    assert table.read_text() == before
     assert subprocess.run(["bash", "-n", str(REPO / "experiments" / "gpu_check.sh")]).returncode == 0
 
 
@@ -772,8 +785,10 @@ def test_study_tables_and_readme_section(tmp_path):
     # 9.5 s, the small control (12 steps) at 3 s, the baseline to its target (its last step, 12) at 12 s;
     # staged passes through 2L/16d/2h, which was not benchmarked: no modelled number, not a guess.
     pd = __import__("pandas")
+    # (the bf16 timing of the small shape is not the runs' precision: it must not stand in)
     pd.DataFrame([{"experiment": "gpt2_smoke", "shape": "2L/32d/4h", "seconds_per_step": 1.0},
-                  {"experiment": "gpt2_smoke", "shape": "1L/16d/2h", "seconds_per_step": 0.25}]).to_csv(
+                  {"experiment": "gpt2_smoke", "shape": "1L/16d/2h", "seconds_per_step": 0.25},
+                  {"experiment": "gpt2_smoke", "shape": "1L/16d/2h", "seconds_per_step": 0.05, "bf16": True}]).to_csv(
         results / "tables" / "step_time.csv", index=False)
     write_tables(results)
     runs = pd.read_csv(results / "tables" / "runs.csv").set_index("run")
