@@ -300,11 +300,15 @@ class Study:
             return self.home / f"{name}-equalflops-seed{cfg.seed}"
         return default_out(cfg, item["method"], self.root)
 
+    def sets(self, sets: list[str]) -> list[str]:
+        """A run's settings as its command line gives them (the spec's execution choice first)."""
+        speed = [f"train.speed={self.spec['speed']}"] if self.spec.get("speed", "eager") != "eager" else []
+        return [*speed, *sets]
+
     def command(self, out: Path, method: str, sets: list[str]) -> list[str]:
         """The command line that trains one run (skipped when finished, resumed when killed)."""
-        speed = [f"train.speed={self.spec['speed']}"] if self.spec.get("speed", "eager") != "eager" else []
         return [*self.launcher, "-m", "mlresearch.cli", "run", str(self.config), "--method", method,
-                *_sets([*speed, *sets]), "--out", str(out), "--resume", "--skip-done"]
+                *_sets(self.sets(sets)), "--out", str(out), "--resume", "--skip-done"]
 
     def launch(self, out: Path, method: str, sets: list[str]) -> Path:
         """One run in its own process (skipped when finished, resumed when killed); the CPU seconds
@@ -314,7 +318,11 @@ class Study:
             via = "" if self.launcher == [sys.executable] else f" (via {shlex.join(self.launcher)})"
             print(f"[{state:8}] {out}  <- {method} {' '.join(sets)}{via}")
             return out
-        was_finished = finished(out)
+        if finished(out):  # said here: a process started only to say it costs seconds a run, minutes a study
+            changed = config_differences(out, load_config(self.config, self.sets(sets)), method)
+            note = f" (WARNING: its config differs in {', '.join(changed)})" if changed else ""
+            print(f"{method}: {out} is complete (summary.json); skipped{note}")
+            return out
         cpu, wall = cpu_seconds(), time.perf_counter()
         try:
             done = subprocess.run(self.command(out, method, sets),
@@ -324,7 +332,7 @@ class Study:
         if done.returncode:
             raise StudyError(f"mlresearch run {self.config.name} --method {method} {' '.join(_sets(sets))} --out {out} "
                              f"failed (exit {done.returncode}); run the study again to resume it")
-        if not was_finished and out.exists():
+        if out.exists():
             record = out / "cpu.json"
             before = json.loads(record.read_text()) if record.exists() else {"cpu_seconds": 0.0, "wall_seconds": 0.0}
             atomic_write_text(record, json.dumps({"cpu_seconds": before["cpu_seconds"] + cpu_seconds() - cpu,

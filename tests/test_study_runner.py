@@ -2,6 +2,7 @@
 baseline tuned on the tuning split only, every run on its seeds, resumable, CPU time recorded."""
 
 import json
+import subprocess
 
 import pandas as pd
 import pytest
@@ -57,7 +58,7 @@ def test_a_run_the_config_cannot_plan_is_refused_before_training(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_study_tunes_on_the_tuning_split_runs_every_seed_and_resumes(tmp_path, capsys):
+def test_study_tunes_on_the_tuning_split_runs_every_seed_and_resumes(tmp_path, capsys, monkeypatch):
     path = _spec(tmp_path)
     table = run_study(path)
     runs = tmp_path / "runs"
@@ -94,7 +95,16 @@ def test_study_tunes_on_the_tuning_split_runs_every_seed_and_resumes(tmp_path, c
     # The tuning table stays byte for byte too, though the chosen candidate is now found as seed 0's baseline.
     before = {d.name: (d / "metrics.jsonl").read_bytes() for d in (runs / "gpt2_smoke").iterdir()}
     tuning_before = (runs / "tables" / "baseline_tuning.csv").read_bytes()
+    started = subprocess.run  # a finished run is skipped without starting a process to skip it
+
+    def no_training_process(command, *args, **kwargs):
+        assert "mlresearch.cli" not in command, command
+        return started(command, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", no_training_process)
     run_study(path)
+    again = capsys.readouterr().out
+    assert all(f"{d} is complete (summary.json); skipped\n" in again for d in (runs / "gpt2_smoke").iterdir()), again
     assert before == {d.name: (d / "metrics.jsonl").read_bytes() for d in (runs / "gpt2_smoke").iterdir()}
     assert (runs / "tables" / "baseline_tuning.csv").read_bytes() == tuning_before
 
