@@ -500,6 +500,17 @@ def test_the_host_waits_for_the_device_only_on_steps_that_log(tmp_path, monkeypa
     assert [r["step"] for r in read_metrics(tmp_path / "run") if "train_loss" in r] == [5, 10, 12]
 
 
+def test_progress_bars_show_unless_tqdm_disable_is_set(tmp_path, capfd):
+    run_method(smoke("gpt2", "vcycle=null", "train.steps=3"), "baseline", tmp_path / "shown")
+    assert "baseline (level 1)" in capfd.readouterr().err
+    # What a log file or CI wants: tqdm's own switch is obeyed (tqdm reads it when it is imported).
+    quiet = subprocess.run([sys.executable, "-m", "mlresearch.cli", "run", str(CONFIGS / "gpt2_smoke.yaml"), "--method",
+                            "baseline", "--set", "vcycle=null", "--set", "train.steps=3", "--out", str(tmp_path / "quiet")],
+                           env={**os.environ, "TQDM_DISABLE": "1"}, capture_output=True, text=True)
+    assert quiet.returncode == 0 and (tmp_path / "quiet" / "summary.json").exists(), quiet.stderr
+    assert "(level 1)" not in quiet.stderr
+
+
 def test_mfu_is_model_flops_per_second_over_the_peak(tmp_path):
     run_method(smoke("gpt2", "vcycle=null", "train.peak_tflops=0.001", "train.log_every=3"), "baseline", tmp_path / "run")
     rows = [r for r in read_metrics(tmp_path / "run") if "train_loss" in r]

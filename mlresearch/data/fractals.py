@@ -195,7 +195,8 @@ def prepare(spec: FractalSet, num_proc: int = 1, out: Path | None = None, progre
         jobs = [(spec, systems, start, min(n, start + chunk)) for start in range(0, n, chunk)]
         from tqdm.auto import tqdm
 
-        with tqdm(total=n, desc="render fractals", unit="img", disable=not progress, leave=False) as bar:
+        quiet = {} if progress else {"disable": True}  # (passed at all, disable would override TQDM_DISABLE=1)
+        with tqdm(total=n, desc="render fractals", unit="img", leave=False, **quiet) as bar:
             done = ProcessPoolExecutor(num_proc).map(_render_chunk, jobs) if num_proc > 1 else map(_render_chunk, jobs)
             for start, block in done:
                 images[start:start + len(block)] = block

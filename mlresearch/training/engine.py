@@ -357,8 +357,10 @@ class PhaseLoop:
         self.phase, self.cfg, self.accelerator, self.run_state = phase, cfg, accelerator, run_state
         self.progress, self.raw, self.optimizer, self.scheduler = progress, raw, optimizer, scheduler
         self.sharded, self.ckpt_dir = sharded, ckpt_dir
+        # ``disable`` is passed only to silence other processes: passed at all, it would override TQDM_DISABLE=1.
+        quiet = {} if accelerator.is_main_process else {"disable": True}
         self.bar = tqdm(range(progress.start, phase.steps), desc=f"{phase.name} (level {phase.level})",
-                        disable=not accelerator.is_main_process, initial=progress.start, total=phase.steps, leave=False)
+                        initial=progress.start, total=phase.steps, leave=False, **quiet)
         self.whole: tuple[nn.Module, torch.optim.Optimizer] | None = None
 
     def every(self, n: int, done: int) -> bool:
