@@ -4,7 +4,9 @@ perplexity and ImageNet top-1:
 - causal LM: zero-shot perplexity on a text the run never trained on (Shakespeare by default);
 - masked LM: fine-tune on BBC News topic classification, accuracy on articles held out of
   pre-training (the run's own validation + test documents);
-- image classification: top-1 on the held-out test split (the run's own final test evaluation).
+- image classification: top-1 on the held-out test split (the run's own final test evaluation),
+  and a transfer check: a linear probe on the model's features of an image set it never trained
+  on (MNIST-5k, or the glyphs set for a run that trained on MNIST), beside the same probe on pixels.
 
 A baseline and a V-cycle of the same seed share data split and tokenizer, so their numbers
 compare directly. Results go to ``<run>/downstream.json`` with the evaluation's settings and commit.
@@ -24,8 +26,8 @@ from tqdm.auto import tqdm
 from .checkpoint import load_model
 from .families import family_of
 from .data import corpora
-from .data.datasets import text_split
-from .data.text import DataError
+from .data.datasets import image_corpus, text_split
+from .data.text import DataError, split_indices
 from .results import provenance, write_json
 from .tasks import task_of
 from .training.config import load_config
@@ -42,7 +44,10 @@ class DownstreamConfig:
     finetune_seq_len: int = 64  # an article's first 62 tokens: headline and lead
     finetune_lr: float = 3e-4  # `mlresearch downstream --finetune-lr` sets it (experiments/select_finetune_lr.py)
     finetune_warmup: int = 15
-    seed: int = 0  # classifier-head init and batch order
+    seed: int = 0  # classifier-head init and batch order; the transfer set's probe/test split
+    transfer: tuple[str, ...] = ("mnist", "glyphs")  # the first of these a run did not train on is its transfer set
+    transfer_images: int = 5000  # (a generated transfer set makes this many; MNIST-5k has 5,000)
+    transfer_test_fraction: float = 0.2
     threads: int = 2
 
     def __post_init__(self) -> None:
@@ -173,8 +178,57 @@ def bbc_topic_accuracy(run: str | Path, dc: DownstreamConfig = DownstreamConfig(
 
 
 def image_top1(run: str | Path, dc: DownstreamConfig = DownstreamConfig()) -> dict:
-    _, _, record, _ = finished_run(Path(run))
-    return {"task": "test_top1", "accuracy": record.test["test_acc"]}
+    """The run's test top-1 (as its final evaluation recorded it) and :func:`linear_probe_transfer`."""
+    _, data, record, model_dir = finished_run(Path(run))
+    return {"task": "test_top1", "accuracy": record.test["test_acc"], **linear_probe_transfer(model_dir, data, dc)}
+
+
+def image_features(model: torch.nn.Module, images: torch.Tensor, batch: int = 256) -> np.ndarray:
+    """The pooled representation a timm model's classifier reads (its pre-logits), float64
+    [n, hidden], of ``images`` resized to the model's input side and channels."""
+    side, channels = model.patch_embed.img_size, model.patch_embed.proj.in_channels
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(images), batch):
+            x = images[start:start + batch]
+            if tuple(x.shape[-2:]) != tuple(side):
+                x = torch.nn.functional.interpolate(x, size=tuple(side), mode="bilinear", align_corners=False)
+            if x.shape[1] != channels:
+                x = x.mean(1, keepdim=True).expand(-1, channels, -1, -1)
+            out.append(model.forward_head(model.forward_features(x), pre_logits=True).double().numpy())
+    return np.concatenate(out)
+
+
+def probe_accuracy(train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray]) -> float:
+    """Test accuracy of a multinomial logistic regression (L2, C=1, on standardised inputs) fitted
+    on ``train``: the usual linear probe."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    probe = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
+    probe.fit(*train)
+    return float(probe.score(*test))
+
+
+def linear_probe_transfer(model_dir: Path, data: dict, dc: DownstreamConfig = DownstreamConfig()) -> dict:
+    """Does what the model learned carry to images it never saw? A linear probe on its frozen
+    features of the transfer set (``dc.transfer``: the first set the run did not train on), fitted
+    on a seeded ``1 - dc.transfer_test_fraction`` of it and scored on the rest, beside the same
+    probe on the raw pixels (the bar the features must clear to have added anything)."""
+    trained_on = None if data.get("path") else data.get("corpus", "mnist")
+    name = next((t for t in dc.transfer if t != trained_on), None)
+    if name is None:
+        raise DataError(f"no transfer set: the run trained on {trained_on}, the only one of {list(dc.transfer)}")
+    entry = image_corpus({"corpus": name})
+    section = {"corpus": name, **({"examples": dc.transfer_images} if entry.sized else {})}
+    x, y, _ = entry.load(section, 28)
+    train, _, test, _ = split_indices(len(x), dc.seed, 0.0, dc.transfer_test_fraction)
+    features = image_features(load_model(model_dir).eval(), torch.from_numpy(np.asarray(x, np.float32)))
+    pixels = np.asarray(x, np.float64).reshape(len(x), -1)
+    return {"transfer": name, "transfer_train_images": len(train), "transfer_test_images": len(test),
+            "transfer_accuracy": probe_accuracy((features[train], y[train]), (features[test], y[test])),
+            "transfer_pixels_accuracy": probe_accuracy((pixels[train], y[train]), (pixels[test], y[test]))}
 
 
 # Each task names its check (tasks.Downstream.check).

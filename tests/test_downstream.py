@@ -79,6 +79,54 @@ def test_bbc_fine_tuning_classifies_only_articles_held_out_of_pretraining(tmp_pa
     assert sel["train_articles"] + sel["held_out_articles"] == len(ts.train)
 
 
+def test_an_image_run_gets_its_test_top1_and_a_linear_probe_on_a_set_it_never_saw(tmp_path):
+    # deit_smoke trains on MNIST: its transfer set is the next one named, glyphs.
+    run_method(smoke("deit", "vcycle=null"), "baseline", tmp_path / "vit")
+    dc = DownstreamConfig(transfer_images=600)
+    result = evaluate_run(tmp_path / "vit", dc)
+    summary = json.loads((tmp_path / "vit" / "summary.json").read_text())
+    assert result["accuracy"] == summary["final_test"]["test_acc"] and result["transfer"] == "glyphs"
+    assert (result["transfer_train_images"], result["transfer_test_images"]) == (480, 120)
+    # Recomputed independently: timm's own classifier-free forward gives the features, probed on the
+    # same seeded split (glyph i depends only on i, so the 600 images are the set's first 600).
+    from mlresearch.data import glyphs
+    from mlresearch.data.text import split_indices
+    from mlresearch.downstream import probe_accuracy
+
+    x, y = glyphs.glyphs(600)
+    model = load_model(tmp_path / "vit" / "final_model").eval()
+    model.reset_classifier(0)
+    with torch.no_grad():
+        features = model(torch.from_numpy(x)).double().numpy()
+    train, _, test, _ = split_indices(600, dc.seed, 0.0, 0.2)
+    assert set(train).isdisjoint(test) and len(set(train) | set(test)) == 600
+    assert result["transfer_accuracy"] == probe_accuracy((features[train], y[train]), (features[test], y[test]))
+    assert 0.0 < result["transfer_pixels_accuracy"] <= 1.0
+    assert json.loads((tmp_path / "vit" / "downstream.json").read_text())["transfer_accuracy"] == result["transfer_accuracy"]
+    # A run that trained on every set named has nothing to transfer to: one line, nothing written.
+    (tmp_path / "vit" / "downstream.json").unlink()
+    with pytest.raises(DataError, match=r"^no transfer set: the run trained on mnist, the only one of \['mnist'\]$"):
+        evaluate_run(tmp_path / "vit", DownstreamConfig(transfer=("mnist",)))
+    assert not (tmp_path / "vit" / "downstream.json").exists()
+
+
+def test_probe_features_meet_the_model_at_its_input_side_and_channels():
+    # A 32-pixel RGB ViT (as deit_fractals' colour variant) probed on 28-pixel grey images: the grey
+    # image is the same picture in every channel, and the resize is the one a user would do first.
+    from timm.models.vision_transformer import VisionTransformer
+
+    from mlresearch.downstream import image_features
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=32, patch_size=8, in_chans=3, num_classes=5, embed_dim=16, depth=1,
+                              num_heads=2).eval()
+    grey = torch.rand(6, 1, 28, 28)
+    resized = torch.nn.functional.interpolate(grey, size=(32, 32), mode="bilinear", align_corners=False)
+    with torch.no_grad():
+        expected = model.forward_head(model.forward_features(resized.expand(-1, 3, -1, -1)), pre_logits=True)
+    assert np.allclose(image_features(model, grey, batch=4), expected.double().numpy(), atol=1e-6)
+
+
 def test_downstream_noise_refits_with_the_recorded_recipe_and_resumes(tmp_path, monkeypatch, capsys):
     """experiments/downstream_noise.py: seed 0 is the run's own downstream.json, other seeds differ
     only in the fine-tuning seed, and a rerun refits nothing."""
