@@ -149,7 +149,7 @@ def main() -> None:
         flops = train_flops_per_example(build_model(cfg, data.vocab_size or None, data.special, device="meta",
                                                     sizes=sizes), seq) * cfg.train.batch_size
         for execution in executions:
-            torch._dynamo.reset()  # compiled afresh for each shape: no recompile limit, no shape made dynamic
+            torch.compiler.reset()  # compiled afresh for each shape: no recompile limit, no shape made dynamic
             times = []
             try:
                 for i in range(args.repeats):

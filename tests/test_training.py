@@ -695,6 +695,16 @@ def test_auto_takes_the_fastest_measured_execution_once_per_shape(tmp_path, monk
     assert auto["final_full_val"] == pinned["final_full_val"]
 
 
+def test_every_phase_of_a_compiled_run_compiles_afresh(tmp_path):
+    """Past dynamo's recompile limit a frame runs eager while the record says compiled. A V-cycle's
+    phases (full, small, full again) recompile the same forward code; each phase starts with empty
+    caches, so even a limit of one compilation per frame, failing when hit, is never reached
+    (without the reset the small phase raises here)."""
+    with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
+        summary = run_method(smoke("gpt2", "train.speed=compiled"), "vcycle", tmp_path / "vc")
+    assert summary["execution"] == {"down1": "compiled", "small": "compiled", "up1": "compiled"}
+
+
 def test_local_text_dataset_path(tmp_path):
     """Paper presets read a local dataset (here a tiny one saved with `datasets`)."""
     import datasets

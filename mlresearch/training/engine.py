@@ -585,7 +585,7 @@ def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data
         trial = copy.deepcopy(model).train()
         optimizer = new_optimizer(trial, cfg, phase.lr)
         execution.set_kernel(optimizer)
-        runner = trial if execution.compile_options is None else torch.compile(trial, **execution.compile_options)
+        runner = trial if execution.compile_options is None else compile_afresh(trial, execution.compile_options)
         times = []
         for step in range(warmup + steps):
             tick = time.perf_counter()
@@ -607,6 +607,16 @@ def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data
         rng.load_state_dict(saved)
 
 
+def compile_afresh(model: nn.Module, options: dict) -> nn.Module:
+    """``torch.compile(model, **options)`` with dynamo's caches emptied first. A run passes through
+    many shapes (each phase's, each trial's), every one a recompilation of the same forward code,
+    and past dynamo's recompile limit (8) a frame silently runs eager while the run's record says
+    compiled. The models compiled before are out of use when a phase or trial starts, so nothing is
+    lost but their compiled code (a shape met again compiles again, from inductor's on-disk cache)."""
+    torch.compiler.reset()
+    return torch.compile(model, **options)
+
+
 def _distribute(model, optimizer, scheduler, phase: Phase, cfg: RunConfig, accelerator, compiled):
     """The model and optimizer under DDP (``accelerate``) or FSDP2 (:class:`Sharded`), maybe
     compiled (``compiled``: ``torch.compile``'s keyword arguments; None: not); ``raw`` is the plain
@@ -620,7 +630,7 @@ def _distribute(model, optimizer, scheduler, phase: Phase, cfg: RunConfig, accel
         model, optimizer = accelerator.prepare(model, optimizer)
     raw = accelerator.unwrap_model(model)
     if compiled is not None:  # the compiled module shares raw's parameters; evaluation and checkpoints use raw
-        model = torch.compile(model, **compiled)
+        model = compile_afresh(model, compiled)
     return model, optimizer, scheduler, raw, sharded
 
 
