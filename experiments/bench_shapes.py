@@ -45,6 +45,7 @@ from mlresearch.training.config import SPEEDS
 from mlresearch.training.engine import Ledger, MetricsLog, RunState, train_phase
 from mlresearch.training.flops import peak_flops, train_flops_per_example
 from mlresearch.training.phase import Phase
+from mlresearch.training.speed import splits_head
 from mlresearch.training.methods import METHODS, planned_ledger
 from mlresearch.training.models import build_model, data_settings, model_sizes
 
@@ -120,13 +121,17 @@ def main() -> None:
         config = REPO / "experiments" / "configs" / f"{spec['config']}.yaml"
         shapes, root = study_shapes(spec, args.set), spec.get("root", "results")
     cfg = timing_config(config, args.set)
-    # (on a GPU, not the one-thread ones: the host's threads idle there)
-    everything = [e for e in SPEEDS if e != "auto" and not (torch.cuda.is_available() and "thread" in e)]
+    # (on a GPU, not the one-thread ones: the host's threads idle there; the masked-head ones for a masked LM only)
+    everything = [e for e in SPEEDS if e != "auto" and not (torch.cuda.is_available() and "thread" in e)
+                  and (splits_head(cfg) or "maskedhead" not in e)]
     named = everything if args.executions == "all" else (args.executions or "eager").split(",")
     executions = ["eager"] + [e for e in named if e != "eager"]
     if set(executions) - set(SPEEDS):
         raise SystemExit(f"--executions: {', '.join(sorted(set(executions) - set(SPEEDS)))} is not one of "
                          f"{', '.join(everything)}")
+    if any("maskedhead" in e for e in executions) and not splits_head(cfg):
+        raise SystemExit(f"--executions: +maskedhead is for a masked LM; {cfg.model.family} models have no head to "
+                         f"run apart")
     full = shape_key(model_sizes(cfg))
     shapes = {full: model_sizes(cfg), **{k: v for k, v in shapes.items() if k != full}}  # the full shape first
     if args.shapes:

@@ -559,13 +559,16 @@ def test_every_execution_trains_the_eager_model_within_fp32_tolerance(tmp_path, 
     assert "execution" not in eager and RunRecord.read(tmp_path / "eager").execution == {"baseline": "eager"}
     names = [Execution(c, f, n).name for n in (None, 1) for c in (False, True) for f in (False, True)]
     graphs = [Execution(True, f, graphs=True).name for f in (False, True)]
-    assert set(SPEEDS) == {*names, *graphs, "auto"} and all(Execution.parse(n).name == n for n in names + graphs)
+    masked = [Execution(False, f, n, masked_head=True).name for n in (None, 1) for f in (False, True)]
+    assert set(SPEEDS) == {*names, *graphs, *masked, "auto"}
+    assert all(Execution.parse(n).name == n for n in names + graphs + masked)
+    assert Execution.parse("eager+fused+maskedhead+1thread") == Execution(False, True, 1, masked_head=True)
     assert Execution.parse("compiled+fused+1thread") == Execution(True, True, 1)
     assert Execution.parse("compiled+graphs+fused").compile_options == {"mode": "reduce-overhead"}
     assert Execution.parse("compiled").compile_options == {} and Execution.parse("eager+fused").compile_options is None
     assert Execution.parse("eager+4threads").threads == 4
     for bad in ("eager+fused+1threads", "eager+1thread+fused", "eager+0threads", "fused", "eager+", "eager+graphs",
-                "compiled+fused+graphs"):
+                "compiled+fused+graphs", "compiled+maskedhead", "eager+maskedhead+fused"):
         with pytest.raises(ValueError, match="an execution is eager or compiled"):
             Execution.parse(bad)
     threads, seen = torch.get_num_threads(), []
@@ -676,7 +679,12 @@ def test_auto_takes_the_fastest_measured_execution_once_per_shape(tmp_path, monk
     graphs = {"compiled+graphs", "compiled+graphs+fused"}
     try:  # one thread is a candidate on a CPU whose process has more, CUDA graphs on a GPU; a phase with masks
         torch.set_num_threads(2)  # is never compiled
-        assert {e.name for e in speed.candidates(plain, cfg, cpu)} == set(SPEEDS) - {"auto"} - graphs
+        masked = {e for e in SPEEDS if "maskedhead" in e}  # (a masked LM's: not GPT-2's)
+        assert {e.name for e in speed.candidates(plain, cfg, cpu)} == set(SPEEDS) - {"auto"} - graphs - masked
+        assert {e.name for e in speed.candidates(plain, smoke("bert"), cpu)} == set(SPEEDS) - {"auto"} - graphs
+        assert not any(e.masked_head for e in speed.candidates(plain, smoke("bert"), cpu, processes=2))
+        assert not any(e.masked_head for e in speed.candidates(Phase("k", 1, 10, 1e-3, 0, teacher=(0.5, 5, None)),
+                                                               smoke("bert"), cpu))
         assert {e.name for e in speed.candidates(plain, cfg, torch.device("cuda"))} == set(SPEEDS[:4]) | graphs
         assert not any(e.compile for e in speed.candidates(Phase("m", 1, 10, 1e-3, 0, masks=object()), cfg, cpu))
         assert {e.name for e in speed.candidates(Phase("m", 1, 10, 1e-3, 0, masks=object()), cfg,
@@ -693,6 +701,44 @@ def test_auto_takes_the_fastest_measured_execution_once_per_shape(tmp_path, monk
     assert not event["cached"] and event["execution"] == "eager+fused"
     assert train_losses(tmp_path / "auto") == train_losses(tmp_path / "pinned")
     assert auto["final_full_val"] == pinned["final_full_val"]
+
+
+def test_masked_lm_head_at_the_masked_positions_only_keeps_the_loss(tmp_path, monkeypatch):
+    """``+maskedhead`` runs BERT's output layer where the loss reads it only: on one batch the same
+    loss and gradients as the whole model's (within 1e-6), and 50 steps (a V-cycle: full, small,
+    full) within FP32 of eager's losses, the choice recorded; a family with no head to split is one
+    clear config error."""
+    from mlresearch.training.speed import OutputAtMaskedPositions
+
+    model = FACTORIES["bert"]()
+    batch = {"input_ids": torch.randint(5, 97, (4, 16), generator=torch.Generator().manual_seed(0))}
+    batch["labels"] = torch.where(torch.rand(4, 16, generator=torch.Generator().manual_seed(1)) < 0.4,
+                                  batch["input_ids"], -100)
+    whole = model(**batch).loss
+    whole_grads = torch.autograd.grad(whole, list(model.parameters()), allow_unused=True)
+    apart = OutputAtMaskedPositions(model)(**batch).loss
+    apart_grads = torch.autograd.grad(apart, list(model.parameters()), allow_unused=True)
+    assert abs(whole.item() - apart.item()) <= 1e-6
+    for a, b in zip(whole_grads, apart_grads):
+        assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=0, atol=1e-6))
+    run = ("train.steps=50", "vcycle.down_steps=[10]", "vcycle.small_steps=20", "vcycle.up_steps=[40]",
+           "train.eval_every=10", "train.checkpoint_every=10")
+    eager = run_method(smoke("bert", *run), "vcycle", tmp_path / "eager")
+    steps = []
+
+    class Counted(OutputAtMaskedPositions):
+        def forward(self, *args, **kwargs):
+            steps.append(1)
+            return super().forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "OutputAtMaskedPositions", Counted)
+    masked = run_method(smoke("bert", *run, "train.speed=eager+maskedhead"), "vcycle", tmp_path / "masked")
+    assert masked["execution"] == {p: "eager+maskedhead" for p in ("down1", "small", "up1")} and len(steps) == 70
+    assert np.allclose(train_losses(tmp_path / "masked"), train_losses(tmp_path / "eager"), rtol=0, atol=FP32)
+    assert abs(masked["final_full_val"]["val_loss"] - eager["final_full_val"]["val_loss"]) <= FP32
+    with pytest.raises(ConfigError, match="train.speed: eager.maskedhead runs a masked LM's output layer at the "
+                                          "masked positions only; gpt2 models .causal_lm. have no head to run apart"):
+        smoke("gpt2", "train.speed=eager+maskedhead")
 
 
 def test_every_phase_of_a_compiled_run_compiles_afresh(tmp_path):

@@ -70,6 +70,11 @@ class Family:
     task: str = ""  # what its models are trained for: causal_lm, masked_lm or image_cls
     mlp_matrices: int = 2  # weight matrices in an MLP (3 for SwiGLU: gate, up, down)
     head_transform: bool = False  # a d x d transform before the output head (BERT's MLM head)
+    # Dotted paths of the module that maps inputs to the last hidden states and of the output head that
+    # maps them to logits, for a family whose loss reads the logits at a few positions only (masked LM):
+    # the execution "+maskedhead" runs the head at those positions alone (training/speed.py). "": no split.
+    encoder: str = ""
+    output_head: str = ""
 
     def __init__(self) -> None:
         self._block = _compile(self.block_params)

@@ -15,6 +15,7 @@ class BERT(HFFamily):
     norm_position = "post"  # LN(x + f(x)): a zero f still re-normalises x
     task = "masked_lm"
     head_transform = True
+    encoder, output_head = "bert", "cls"  # BertForMaskedLM: self.cls(self.bert(...)[0])
     top_params = {
         r"bert\.embeddings\.(word|position|token_type)_embeddings\.weight": (None, "hidden"),
         r"bert\.embeddings\.LayerNorm\.(weight|bias)": ("hidden",),

@@ -64,9 +64,12 @@ class ModelConfig:
 
 # train.speed (training/speed.py): one execution for every phase, or "auto", each phase's measured fastest
 # (+1thread: the phase on one intra-op thread, for shapes too small to split across cores; +graphs: a GPU
-# replays each step as CUDA graphs, for shapes bound by kernel launches)
+# replays each step as CUDA graphs, for shapes bound by kernel launches; +maskedhead: a masked LM's output layer
+# at the masked positions only)
 SPEEDS = ("eager", "eager+fused", "compiled", "compiled+fused", "compiled+graphs", "compiled+graphs+fused",
-          "eager+1thread", "eager+fused+1thread", "compiled+1thread", "compiled+fused+1thread", "auto")
+          "eager+1thread", "eager+fused+1thread", "compiled+1thread", "compiled+fused+1thread",
+          "eager+maskedhead", "eager+fused+maskedhead", "eager+maskedhead+1thread", "eager+fused+maskedhead+1thread",
+          "auto")
 
 
 @dataclass
@@ -363,6 +366,9 @@ def validate(cfg: RunConfig) -> None:
     cfg.model.validate()
     cfg.data.validate(cfg)
     cfg.train.validate()
+    if "+maskedhead" in cfg.train.speed and family is not None and not family.output_head:
+        raise ConfigError(f"train.speed: {cfg.train.speed} runs a masked LM's output layer at the masked positions "
+                          f"only; {cfg.model.family} models ({cfg.task}) have no head to run apart")
     for settings in cfg.methods.values():
         settings.validate(cfg)
 

@@ -35,7 +35,7 @@ from ..faults import fault_point
 from ..tasks import task_of
 from .config import RunConfig
 from .flops import eval_flops_per_example, peak_flops, train_flops_per_example
-from .speed import Execution, candidates, choose, intra_op_threads, trial_key
+from .speed import EAGER, Execution, OutputAtMaskedPositions, candidates, choose, intra_op_threads, trial_key
 from .phase import Phase
 
 
@@ -290,11 +290,15 @@ def _train_phase(model, optimizer, phase: Phase, data: Data, cfg: RunConfig, acc
     batch, world = t.batch_size, accelerator.num_processes
     micro = _micro_batch(cfg, world)
     if t.speed == "eager":  # train.compile: true, or a backend's name
+        execution = EAGER
         compiled = None if not t.compile else {} if t.compile is True else {"backend": t.compile}
     else:
-        compiled = _execution(model, optimizer, phase, cfg, data, accelerator, micro, run_state.log, progress.start)
+        execution = _execution(model, optimizer, phase, cfg, data, accelerator, micro, run_state.log, progress.start)
+        compiled = execution.compile_options
     model, optimizer, scheduler, raw, sharded = _distribute(model, optimizer, scheduler, phase, cfg, accelerator,
                                                             compiled)
+    if execution.masked_head:  # (offered on one process only: ``model`` is ``raw`` itself)
+        model = OutputAtMaskedPositions(raw)
     extras = PhaseExtras(phase, teacher, raw, progress.start, accelerator.device, seq)
     first_bad = torch.zeros((), dtype=torch.long, device=accelerator.device)  # step of the first non-finite loss
     loop = PhaseLoop(phase, cfg, accelerator, run_state, progress, raw, optimizer, scheduler, sharded, ckpt_dir)
@@ -551,24 +555,27 @@ def _optimizer_and_schedule(model: nn.Module, optimizer, phase: Phase, cfg: RunC
 
 
 def _execution(model: nn.Module, optimizer, phase: Phase, cfg: RunConfig, data: Data, accelerator, micro: int,
-               log: MetricsLog, start: int) -> dict | None:
+               log: MetricsLog, start: int) -> Execution:
     """``train.speed`` other than eager (:mod:`.speed`): the phase's execution -- the one named, or
     (auto) this shape's fastest, measured or cached -- with ``optimizer`` set to its AdamW kernel and
     an ``execution`` event in the log, and the process on its threads (:func:`train_phase` restores
-    them); returns ``torch.compile``'s keyword arguments, or None: not compiled."""
+    them)."""
     if cfg.train.speed == "auto":
         execution, trial = _choose_execution(model, phase, cfg, data, accelerator, micro)
     else:
         execution = Execution.parse(cfg.train.speed)
-        if not any(option.compile for option in candidates(phase, cfg, accelerator.device)):
+        allowed = candidates(phase, cfg, accelerator.device, accelerator.num_processes)
+        if not any(option.compile for option in allowed):
             execution = replace(execution, compile=False, graphs=False)  # (a phase never compiled runs eager)
+        if not any(option.masked_head for option in allowed):
+            execution = replace(execution, masked_head=False)  # (nor one whose head cannot run apart)
         trial = {**asdict(execution), "execution": execution.name}
     execution.set_kernel(optimizer)
     if execution.threads is not None:
         torch.set_num_threads(execution.threads)
     if start == 0:  # (a resumed phase wrote it before its checkpoint)
         log.write({"event": "execution", "phase": phase.name, "level": phase.level, **trial})
-    return execution.compile_options
+    return execution
 
 
 def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data, accelerator, micro: int,
@@ -586,6 +593,8 @@ def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data
         optimizer = new_optimizer(trial, cfg, phase.lr)
         execution.set_kernel(optimizer)
         runner = trial if execution.compile_options is None else compile_afresh(trial, execution.compile_options)
+        if execution.masked_head:
+            runner = OutputAtMaskedPositions(trial)
         times = []
         for step in range(warmup + steps):
             tick = time.perf_counter()
@@ -602,7 +611,8 @@ def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data
     saved = rng.state_dict()  # the trial draws dropout masks: the run's next draws stay its own
     try:
         key = trial_key(model, cfg, data, accelerator.device, micro, accelerator.num_processes)
-        return choose(candidates(phase, cfg, accelerator.device), key, measure, accelerator)
+        return choose(candidates(phase, cfg, accelerator.device, accelerator.num_processes), key, measure,
+                      accelerator)
     finally:
         rng.load_state_dict(saved)
 

@@ -5,7 +5,8 @@ FLOP rate, so its wall-time saving trails its FLOPs saving. What runs a shape fa
 shape and by machine (on the same 2-core CPU, ``torch.compile`` made GPT-2's 1L/64d shape 1.5x
 faster in one probe and no faster in another; docs/speed.md). So the choice is made per shape, by
 measurement: each candidate :class:`Execution` (eager or compiled, AdamW's multi-tensor or fused
-kernel, on a CPU all the process's threads or one) trains a copy of the phase's model for a few
+kernel, on a CPU all the process's threads or one, for a masked LM its output layer at every
+position or at the masked ones only) trains a copy of the phase's model for a few
 steps on the run's own batches, and the fastest per step is used. The trial touches nothing of
 the run (its model, optimizer, data position and random generators are as before) and is cached by
 shape, batch, device, threads and library versions in ``<data cache>/speed.json`` (JSON), so a
@@ -24,6 +25,7 @@ import platform
 import re
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -31,6 +33,7 @@ from torch import nn
 from ..checkpoint import atomic_write_text
 from ..data.datasets import Data
 from ..data.text import cache_dir
+from ..families import FAMILIES, family_of
 from .config import RunConfig
 from .phase import Phase
 
@@ -44,18 +47,22 @@ class Execution:
     AdamW's fused kernel instead of its multi-tensor (foreach) one; ``threads``: the phase runs on
     this many intra-op threads instead of the process's (``None``). A tiny shape's matrix products
     may be too small to split across many cores (on this project's 2-core CPU one thread was slower
-    for every shape: docs/speed.md)."""
+    for every shape: docs/speed.md). ``masked_head``: a masked LM's output layer (and its softmax)
+    only at the masked positions, the only ones its loss reads (:class:`OutputAtMaskedPositions`; the
+    ledger still charges the head at every position, as the paper's count does); eager only, as the
+    number of masked positions changes every step."""
 
     compile: bool = False
     fused: bool = False
     threads: int | None = None
     graphs: bool = False
+    masked_head: bool = False
 
     @property
     def name(self) -> str:
         threads = "" if self.threads is None else f"+{self.threads}thread" + ("s" if self.threads > 1 else "")
         return (("compiled" if self.compile else "eager") + ("+graphs" if self.graphs else "")
-                + ("+fused" if self.fused else "") + threads)
+                + ("+fused" if self.fused else "") + ("+maskedhead" if self.masked_head else "") + threads)
 
     @property
     def compile_options(self) -> dict | None:
@@ -65,14 +72,16 @@ class Execution:
     @classmethod
     def parse(cls, name: str) -> "Execution":
         """The execution ``name`` names: eager or compiled (compiled maybe "+graphs"), then maybe
-        "+fused", then maybe "+1thread" ("+Nthreads"), e.g. "compiled+graphs+fused"."""
-        match = re.fullmatch(r"(eager|compiled)(\+graphs)?(\+fused)?(?:\+(\d+)threads?)?", name)
+        "+fused", then (eager) maybe "+maskedhead", then maybe "+1thread" ("+Nthreads"), e.g.
+        "compiled+graphs+fused" or "eager+fused+maskedhead"."""
+        match = re.fullmatch(r"(eager|compiled)(\+graphs)?(\+fused)?(\+maskedhead)?(?:\+(\d+)threads?)?", name)
         execution = match and cls(compile=match[1] == "compiled", fused=bool(match[3]),
-                                  threads=int(match[4]) if match[4] else None, graphs=bool(match[2]))
-        if not execution or execution.name != name or execution.threads == 0 or (execution.graphs
-                                                                                 and not execution.compile):
+                                  threads=int(match[5]) if match[5] else None, graphs=bool(match[2]),
+                                  masked_head=bool(match[4]))
+        if (not execution or execution.name != name or execution.threads == 0
+                or (execution.graphs and not execution.compile) or (execution.masked_head and execution.compile)):
             raise ValueError(f"an execution is eager or compiled (compiled+graphs: CUDA graphs), then +fused or "
-                             f"not, then +1thread (+Nthreads) or not; got {name!r}")
+                             f"not, then (eager) +maskedhead or not, then +1thread (+Nthreads) or not; got {name!r}")
         return execution
 
     def set_kernel(self, optimizer: torch.optim.Optimizer) -> None:
@@ -89,17 +98,48 @@ class Execution:
 EAGER = Execution()
 
 
-def candidates(phase: Phase, cfg: RunConfig, device: torch.device) -> list[Execution]:
+def candidates(phase: Phase, cfg: RunConfig, device: torch.device, processes: int = 1) -> list[Execution]:
     """What a phase may run as. Not compiled: a phase whose masks ramp (MSG: the mask's value would
     recompile every step) or that distils from a teacher, and one sharded with FSDP. On one thread
     as well as the process's: a phase on a CPU whose process has more than one. With CUDA graphs
-    as well as without: a compiled phase on a GPU."""
+    as well as without: a compiled phase on a GPU. With the output layer at the masked positions
+    only as well as at every one: an eager phase of a family that splits off its head, on one
+    process (DDP and FSDP wrap the whole model's forward, which the split would bypass), with no
+    teacher (whose loss reads the logits at every predicted position)."""
     compilable = phase.masks is None and phase.teacher is None and not cfg.train.fsdp
     fewer = device.type == "cpu" and torch.get_num_threads() > 1
     compiled = ([Execution(True), Execution(True, graphs=True)] if device.type == "cuda" else [Execution(True)]
                 ) if compilable else []
+    eager = [Execution()]
+    if splits_head(cfg) and processes == 1 and phase.teacher is None and not cfg.train.fsdp:
+        eager.append(Execution(masked_head=True))
     return [replace(e, fused=f, threads=n) for n in ((None, 1) if fewer else (None,))
-            for e in [Execution(), *compiled] for f in (False, True)]
+            for e in [*eager, *compiled] for f in (False, True)]
+
+
+def splits_head(cfg: RunConfig) -> bool:
+    """Whether the run's model family can run its output layer at the masked positions only."""
+    return bool(FAMILIES[cfg.model.family].output_head)
+
+
+class OutputAtMaskedPositions(nn.Module):
+    """``model`` (a masked LM) called as the task calls it, ``(input_ids=..., labels=...)``, with its
+    output head applied to the masked positions' hidden states only (labels other than -100): the
+    same mean cross-entropy, in fp32 as transformers computes it, without the logits and softmax of
+    the positions the loss ignores (at 40% masking and a 1,024-word vocabulary, most of a width-64
+    model's step). Shares ``model``'s parameters and hooks (MSG's masks); holds no state of its own."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        family = family_of(model)
+        self.encoder = model.get_submodule(family.encoder)
+        self.head = model.get_submodule(family.output_head)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> SimpleNamespace:
+        hidden = self.encoder(input_ids=input_ids)[0]
+        chosen = labels != -100
+        logits = self.head(hidden[chosen])
+        return SimpleNamespace(loss=nn.functional.cross_entropy(logits.float(), labels[chosen]))
 
 
 @contextmanager
