@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import smoke
+from forked_cli import run_cli
 
 from mlresearch.data import datasets as ds
 from mlresearch.data.datasets import batch_indices, feistel_permutation, load_data, text_split
@@ -87,9 +88,8 @@ def _local_corpus(tmp_path, docs=120):
 
 
 def _cli(*args):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "mlresearch.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, env=env, timeout=600)
+    """``python -m mlresearch.cli ARGS`` in a process of its own (forked warm: tests/forked_cli.py)."""
+    return run_cli(*args, cwd=REPO, timeout=600)
 
 
 def test_prepare_command_in_parallel_equals_one_process_and_trains(tmp_path):

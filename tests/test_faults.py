@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import smoke
+from forked_cli import run_cli
 
 from mlresearch.checkpoint import load_model, load_state
 from mlresearch.training import engine
@@ -34,12 +35,12 @@ pytestmark = pytest.mark.usefixtures("isolated_data_cache")
 
 
 def cli(*args, fault=None, cwd=REPO, **kw):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    """``python -m mlresearch.cli ARGS`` in a process of its own (forked warm: tests/forked_cli.py)."""
+    env = dict(os.environ)
     env.pop("MLRESEARCH_FAULT", None)
     if fault:
         env["MLRESEARCH_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "mlresearch.cli", *map(str, args)], env=env, capture_output=True,
-                          text=True, cwd=cwd, **kw)
+    return run_cli(*args, env=env, cwd=cwd, **kw)
 
 
 def untimed(run_dir):

@@ -2,13 +2,16 @@
 baseline tuned on the tuning split only, every run on its seeds, resumable, CPU time recorded."""
 
 import json
+import os
 import subprocess
+import sys
 
 import pandas as pd
 import pytest
 import yaml
 
 from conftest import CONFIGS
+from forked_cli import run_cli
 from mlresearch.study_runner import StudyError, Study, load_study, merge_tuning_rows, run_study, tuning_loss
 
 
@@ -26,6 +29,24 @@ def _spec(tmp_path, **changes):
     spec.update(changes)
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(spec))
     return tmp_path / "study.yaml"
+
+
+@pytest.fixture
+def warm_launches(monkeypatch):
+    """The study's runs forked from a warm fork server (tests/forked_cli.py), not started cold: still one
+    process a run, its output on this process's file descriptors as a started one's would be. Not for a
+    test of the CPU seconds a study records (a forked run is not this process's child)."""
+    started = subprocess.run
+
+    def launch(command, *args, **kwargs):
+        if list(command[:3]) != [sys.executable, "-m", "mlresearch.cli"]:
+            return started(command, *args, **kwargs)
+        done = run_cli(*command[3:], env=kwargs.get("env"))
+        os.write(1, done.stdout.encode())
+        os.write(2, done.stderr.encode())
+        return done
+
+    monkeypatch.setattr(subprocess, "run", launch)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -109,7 +130,7 @@ def test_study_tunes_on_the_tuning_split_runs_every_seed_and_resumes(tmp_path, c
     assert (runs / "tables" / "baseline_tuning.csv").read_bytes() == tuning_before
 
 
-def test_a_finished_run_with_another_configuration_is_not_reused(tmp_path):
+def test_a_finished_run_with_another_configuration_is_not_reused(tmp_path, warm_launches):
     path = _spec(tmp_path, tuning={"seed": 0, "lr": [], "warmup": []}, runs={"paper": {"method": "vcycle"}},
                  best={"among": ["paper"]})
     run_study(path)
@@ -145,7 +166,7 @@ def test_a_record_spec_declares_exactly_the_committed_runs(spec):
     assert committed - regime - outs == set()  # (the regime spec's runs aside) nothing committed is left out
 
 
-def test_a_dry_run_lists_the_warmup_grid_at_the_preset_lr_while_lrs_are_untried(tmp_path, capsys):
+def test_a_dry_run_lists_the_warmup_grid_at_the_preset_lr_while_lrs_are_untried(tmp_path, warm_launches, capsys):
     # Only the preset's candidate (lr 0.003, warm-up 2: the experiment's own baseline) has run; the others
     # have no loss yet, so the listing must go on as if the preset won, not as if an untried LR had.
     path = _spec(tmp_path, tuning={"seed": 0, "lr": [0.01, 0.003], "warmup": [1]})
@@ -176,7 +197,7 @@ def test_a_narrower_tuning_grid_merges_into_the_committed_table_by_key():
     assert sorted(merged.run) == ["a", "b", "c", "o"] and merged.chosen.sum() == 2
 
 
-def test_a_dry_run_says_it_would_write_the_tuning_table(tmp_path, capsys):
+def test_a_dry_run_says_it_would_write_the_tuning_table(tmp_path, warm_launches, capsys):
     path = _spec(tmp_path, tuning={"seed": 0, "lr": [0.003], "warmup": [1]})
     study = Study(path)
     study.tune()
@@ -187,7 +208,7 @@ def test_a_dry_run_says_it_would_write_the_tuning_table(tmp_path, capsys):
     assert "(would write)" in capsys.readouterr().out and not table.exists()
 
 
-def test_the_frontier_and_regime_stages(tmp_path, capsys):
+def test_the_frontier_and_regime_stages(tmp_path, warm_launches, capsys):
     """The baseline at 0.5x and 1.0x of its steps, the small shape alone at 0.5x and 1.0x of its FLOPs,
     each schedule decayed to zero at its own end; points the study already has are copied, not
     retrained; an LR check at the lowest budget is recorded but never a frontier point; every method

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import smoke, write_run
+from forked_cli import run_cli
 from models import FACTORIES, example_input, loss_of
 
 from mlresearch.checkpoint import load_model
@@ -175,9 +176,8 @@ def test_three_level_vcycle_runs(tmp_path):
 
 # ----------------------------------------------------------------------------- resume, NaN
 def _cli(args, env_extra=None, **kw):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "mlresearch.cli", *args], env=env, capture_output=True, text=True,
-                          cwd=REPO, **kw)
+    """``python -m mlresearch.cli ARGS`` in a process of its own (forked warm: tests/forked_cli.py)."""
+    return run_cli(*args, env=dict(os.environ, **(env_extra or {})), cwd=REPO, **kw)
 
 
 def test_existing_run_directory_is_not_overwritten(tmp_path):

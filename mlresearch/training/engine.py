@@ -799,7 +799,8 @@ def accumulate(model, data: Data, idx: np.ndarray, micro: int, data_step: int, c
 
     part = (accelerator.process_index, accelerator.num_processes)  # idx = rows rank::world of the step's batch
     batch = make_batch(data, "train", idx, data_step, cfg.seed, part)  # drawn whole: masks do not depend on ``micro``
-    torch.compiler.cudagraph_mark_step_begin()  # (a new step for CUDA graphs: the last step's outputs are consumed)
+    if accelerator.device.type == "cuda":  # (a new step for CUDA graphs: the last step's outputs are consumed;
+        torch.compiler.cudagraph_mark_step_begin()  # on a CPU the call would only import inductor)
     starts = range(0, len(idx), micro)
     total = torch.zeros((), device=accelerator.device)
     for j, i in enumerate(starts):
