@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -109,6 +110,26 @@ def test_a_row_cut_off_by_a_kill_is_dropped_on_resume(tmp_path, uninterrupted):
     resumed = cli("run", "--method", "baseline", SMOKE, "--out", out, "--resume", *DROPOUT)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert untimed(out) == untimed(uninterrupted / "run_--method_baseline")
+
+
+def test_a_forked_run_reports_what_a_started_interpreter_does(tmp_path):
+    """The fast path these tests take (tests/forked_cli.py) against ``python -m mlresearch.cli``: the
+    same exit code, output and rows for a bad input, a finished run and a run killed at a fault point."""
+    cases = [(("run", "--method", "baseline", tmp_path / "missing.yaml"), None, 2),
+             (("run", "--method", "baseline", SMOKE, "--set", "train.steps=2", "--set", "vcycle=null", "--out",
+               tmp_path / "done-{}"), None, 0),
+             (("run", "--method", "baseline", SMOKE, "--out", tmp_path / "killed-{}"), "step:baseline:3", -signal.SIGKILL)]
+    for args, fault, code in cases:
+        env = {k: v for k, v in os.environ.items() if k != "MLRESEARCH_FAULT"} | ({"MLRESEARCH_FAULT": fault} if fault else {})
+        started = subprocess.run([sys.executable, "-m", "mlresearch.cli", *[str(a).format("py") for a in args]],
+                                 env=dict(env, PYTHONUNBUFFERED="1"), capture_output=True, text=True, cwd=REPO)
+        forked = cli(*[str(a).format("fk") for a in args], fault=fault)
+        assert forked.returncode == started.returncode == code, (args, forked.stderr, started.stderr)
+        seconds = re.compile(r"[0-9.]+ s,")  # (the run's wall time)
+        assert seconds.sub("", forked.stdout.replace("-fk", "-py")) == seconds.sub("", started.stdout)
+        assert errors(forked.stderr.replace("-fk", "-py")) == errors(started.stderr), args
+    for name in ("done", "killed"):
+        assert untimed(tmp_path / f"{name}-fk") == untimed(tmp_path / f"{name}-py") != []
 
 
 def test_a_second_writer_is_refused(tmp_path):
