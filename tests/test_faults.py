@@ -35,13 +35,18 @@ DROPOUT = ["--set", "model.options={resid_pdrop: 0.1, embd_pdrop: 0.1, attn_pdro
 pytestmark = pytest.mark.usefixtures("isolated_data_cache")
 
 
-def cli(*args, fault=None, cwd=REPO, **kw):
-    """``python -m mlresearch.cli ARGS`` in a process of its own (forked warm: tests/forked_cli.py)."""
+def fault_env(fault=None) -> dict:
+    """This process's environment with ``fault`` as the only injected fault (None: none)."""
     env = dict(os.environ)
     env.pop("MLRESEARCH_FAULT", None)
     if fault:
         env["MLRESEARCH_FAULT"] = fault
-    return run_cli(*args, env=env, cwd=cwd, **kw)
+    return env
+
+
+def cli(*args, fault=None, cwd=REPO, **kw):
+    """``python -m mlresearch.cli ARGS`` in a process of its own (forked warm: tests/forked_cli.py)."""
+    return run_cli(*args, env=fault_env(fault), cwd=cwd, **kw)
 
 
 def untimed(run_dir):
@@ -119,13 +124,13 @@ def test_a_forked_run_reports_what_a_started_interpreter_does(tmp_path):
              (("run", "--method", "baseline", SMOKE, "--set", "train.steps=2", "--set", "vcycle=null", "--out",
                tmp_path / "done-{}"), None, 0),
              (("run", "--method", "baseline", SMOKE, "--out", tmp_path / "killed-{}"), "step:baseline:3", -signal.SIGKILL)]
+    seconds = re.compile(r"[0-9.]+ s,")  # (a run's wall time, in what it prints)
     for args, fault, code in cases:
-        env = {k: v for k, v in os.environ.items() if k != "MLRESEARCH_FAULT"} | ({"MLRESEARCH_FAULT": fault} if fault else {})
         started = subprocess.run([sys.executable, "-m", "mlresearch.cli", *[str(a).format("py") for a in args]],
-                                 env=dict(env, PYTHONUNBUFFERED="1"), capture_output=True, text=True, cwd=REPO)
+                                 env=dict(fault_env(fault), PYTHONUNBUFFERED="1"), capture_output=True, text=True,
+                                 cwd=REPO)
         forked = cli(*[str(a).format("fk") for a in args], fault=fault)
         assert forked.returncode == started.returncode == code, (args, forked.stderr, started.stderr)
-        seconds = re.compile(r"[0-9.]+ s,")  # (the run's wall time)
         assert seconds.sub("", forked.stdout.replace("-fk", "-py")) == seconds.sub("", started.stdout)
         assert errors(forked.stderr.replace("-fk", "-py")) == errors(started.stderr), args
     for name in ("done", "killed"):
