@@ -34,6 +34,11 @@ from .errors import MLResearchError
 from .training.record import RunRecord
 
 
+BUDGET_TOLERANCE = 1e-3
+"""Relative distance from a frontier's end point within which a run's FLOPs count as that budget
+(rounding to whole steps; far below the spacing of any frontier's budgets)."""
+
+
 class FrontierError(MLResearchError, ValueError):
     """A frontier that cannot be read (fewer than two points, non-finite values, mixed seeds)."""
 
@@ -98,11 +103,14 @@ class Frontier:
 
     def loss_at(self, flops: float) -> tuple[float | None, str]:
         """(The frontier's loss at ``flops``, "in range"), or (None, "below"/"above") for a budget
-        smaller than its smallest point or larger than its largest."""
-        if flops < self.flops[0]:
+        smaller than its smallest point or larger than its largest. A budget within
+        ``BUDGET_TOLERANCE`` of an end point is read at that point: the small shape's equal-FLOPs
+        control rounds its steps up, so it spends a few millionths more than the 1.0x baseline."""
+        if flops < self.flops[0] * (1 - BUDGET_TOLERANCE):
             return None, "below"
-        if flops > self.flops[-1]:
+        if flops > self.flops[-1] * (1 + BUDGET_TOLERANCE):
             return None, "above"
+        flops = min(max(flops, self.flops[0]), self.flops[-1])
         for i in range(1, len(self.flops)):
             if flops <= self.flops[i]:
                 lo, hi = math.log(self.flops[i - 1]), math.log(self.flops[i])

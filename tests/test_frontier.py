@@ -49,6 +49,18 @@ def test_outside_the_frontier_is_reported_never_extrapolated():
     assert f.saving(2e12, 3.3)["flops_range"] == "above" and f.saving(2e12, 3.3)["saved"] == pytest.approx(-1.5)
 
 
+def test_a_budget_rounded_to_whole_steps_is_read_at_the_end_point_it_rounds():
+    """The small shape's equal-FLOPs control rounds its steps up and so spends a hair more than the
+    1.0x point: read at that point (gap = its loss minus the 1.0x loss), while a budget 1% past it
+    is still outside the frontier."""
+    f = Frontier.of(POINTS)
+    hair = f.saving(1.0e12 * (1 + 1e-5), 3.5)
+    assert hair["flops_range"] == "in range" and hair["loss_gap"] == pytest.approx(3.5 - 3.25)
+    low = f.saving(0.4e12 * (1 - 1e-5), 3.7)
+    assert low["flops_range"] == "in range" and low["loss_gap"] == pytest.approx(3.7 - 3.6)
+    assert f.saving(1.01e12, 3.5)["flops_range"] == "above" and f.saving(0.39e12, 3.7)["flops_range"] == "below"
+
+
 def test_a_noisy_point_is_replaced_by_the_better_smaller_budget():
     """A larger budget ending above a smaller one (seed noise) does not bend the frontier back up:
     with more compute the baseline can do at least as well (train the smaller budget)."""
