@@ -80,3 +80,13 @@ def test_a_rerun_replaces_its_own_rows_and_keeps_every_other_experiments():
     assert merged.query("experiment == 'bert'").git_commit.tolist() == ["b", "b"]  # seed 0 replaced, not doubled
     assert merged.query("experiment == 'gpt2'").baseline_final_val_loss.tolist() == [3.0, 3.1]
     assert merge_rows(pd.DataFrame(), new).equals(new)  # the first run: nothing to keep
+
+
+def test_rereading_unchanged_runs_keeps_the_commit_that_wrote_their_rows():
+    """`--finished` from a later checkout re-reads the same runs: an unchanged row keeps its commit,
+    a changed value takes the new one."""
+    previous = _rows("deit", [1.4, 1.8], [2.8, 2.3], commit="a")
+    again = merge_rows(previous, _rows("deit", [1.4, 1.8], [2.8, 2.3], commit="b"))
+    assert again.git_commit.tolist() == ["a", "a"]
+    changed = merge_rows(previous, _rows("deit", [1.4, 1.7], [2.8, 2.3], commit="b"))
+    assert changed.git_commit.tolist() == ["a", "b"] and changed.baseline_final_val_loss.tolist() == [1.4, 1.7]

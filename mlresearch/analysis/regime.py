@@ -53,11 +53,25 @@ def regime_row(experiment: str, seed: int, baseline: Path, small: Path, small_st
 
 def merge_rows(previous: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     """``new``'s rows, plus every row of ``previous`` whose (experiment, seed) ``new`` does not have;
-    sorted by experiment and seed."""
+    sorted by experiment and seed. A new row whose values equal its previous row's keeps that row's
+    ``git_commit``: re-reading finished runs (``--finished``) from a later checkout measured nothing
+    new, so the commit stays the one that wrote the row."""
     if len(previous):
-        keep = ~previous.set_index(KEY).index.isin(new.set_index(KEY).index)
+        old = previous.set_index(KEY)
+        new = new.copy()
+        for i, row in new.iterrows():
+            key = tuple(row[k] for k in KEY)
+            if "git_commit" in old and key in old.index and _same_values(old.loc[key], row):
+                new.at[i, "git_commit"] = old.loc[key, "git_commit"]
+        keep = ~old.index.isin(new.set_index(KEY).index)
         new = pd.concat([previous[keep], new], ignore_index=True)
     return new.sort_values(KEY).reset_index(drop=True)
+
+
+def _same_values(old: pd.Series, row: pd.Series) -> bool:
+    """Every column of ``row`` but the commit and the key equal in ``old`` (missing on both sides counts as equal)."""
+    columns = [c for c in row.index if c not in ("git_commit", *KEY)]
+    return all(c in old.index and (old[c] == row[c] or (pd.isna(old[c]) and pd.isna(row[c]))) for c in columns)
 
 
 def verdict(part: pd.DataFrame) -> dict:
