@@ -423,9 +423,10 @@ class Study:
         sets = [f"train.lr={lr}", f"train.warmup={min(warmup, cfg.train.steps)}"]
         return sets + [s for settings in cfg.methods.values() for s in settings.full_model_lr(lr)]
 
-    @staticmethod
-    def _adopt(candidate: Path, out: Path) -> None:
-        """Copy a finished tuning run (not its checkpoints) to ``out``: written beside it, then renamed."""
+    def _adopt(self, candidate: Path, out: Path) -> None:
+        """Copy a finished run (not its checkpoints) to ``out``: written beside it, then renamed. The
+        record's ``copied_from`` is relative to the results root, as ``frontier.csv``'s ``run`` is, so
+        it reads the same on every machine and checkout (an absolute path named the worktree it ran in)."""
         import shutil
 
         if candidate == out or not finished(candidate):
@@ -434,7 +435,8 @@ class Study:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(candidate, tmp, ignore=shutil.ignore_patterns("checkpoints", ".lock", "cpu.json"))
         record = json.loads((tmp / "provenance.json").read_text())
-        record["copied_from"] = str(candidate)
+        source = candidate.resolve()
+        record["copied_from"] = str(source.relative_to(self.root) if source.is_relative_to(self.root) else source)
         atomic_write_text(tmp / "provenance.json", json.dumps(record, indent=2) + "\n")
         tmp.rename(out)
 
