@@ -18,7 +18,11 @@ For a method's run ending (annealed) at loss ``L_m`` after ``C_m`` FLOPs, on the
 - **loss gap at equal FLOPs** = ``L_m`` minus the frontier's loss at ``C_m``.
 
 A loss or a budget outside the frontier's points is reported as such (``below``/``above`` the
-frontier's range), never extrapolated.
+frontier's range), never extrapolated. For a loss outside it the saving is still bounded, by the same
+premise that makes the frontier non-increasing (more compute never has to do worse): a loss below the
+largest budget's needs more than that budget, so the run saved *more* than ``1 - C_m / C_max``; one
+above the smallest budget's needs less than it, so the run saved *less* than ``1 - C_m / C_min``.
+Tables state that bound for the seeds outside the range, never a point value.
 """
 
 from __future__ import annotations
@@ -120,12 +124,18 @@ class Frontier:
 
     def saving(self, flops: float, loss: float) -> dict:
         """A run ending at ``loss`` after ``flops`` against this frontier: saved, speedup, loss gap
-        at equal FLOPs, each None where the frontier does not reach (with why)."""
+        at equal FLOPs, each None where the frontier does not reach (with why). Where the loss is
+        outside its range, ``saved_bound`` and ``speedup_bound`` bound them instead: from below for a
+        loss below the range (the baseline needs more than its largest budget), from above for one
+        above it (less than its smallest)."""
         base, reach = self.flops_to(loss)
         at, budget = self.loss_at(flops)
+        edge = {"below": self.flops[-1], "above": self.flops[0]}.get(reach)
         return {"baseline_flops_at_loss": base, "loss_range": reach,
                 "saved": None if base is None else 1 - flops / base,
                 "speedup": None if base is None else base / flops - 1,
+                "saved_bound": None if edge is None else 1 - flops / edge,
+                "speedup_bound": None if edge is None else edge / flops - 1,
                 "loss_gap": None if at is None else loss - at, "flops_range": budget}
 
 
@@ -148,13 +158,15 @@ def run_savings(runs: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
     and final loss) against the annealed frontier *of its own seed*: ``saved_pct``, ``speedup_pct``,
     ``loss_gap`` (to the baseline's frontier at equal FLOPs), ``small_loss_gap`` (to the small shape
     alone's, where the study has one), and where each stands (``loss_range``: in range / above /
-    below the frontier's points; ``flops_range`` and ``small_flops_range`` likewise for the budget). Runs of an experiment without a frontier
+    below the frontier's points; ``flops_range`` and ``small_flops_range`` likewise for the budget);
+    ``saved_pct_bound`` and ``speedup_pct_bound`` for a loss outside the range (see the module's text). Runs of an experiment without a frontier
     get ``loss_range`` "no frontier"."""
     full, small = frontiers(points, "baseline"), frontiers(points, "small")
     rows = []
     for r in runs.itertuples(index=False):
         key = (str(r.experiment), int(r.seed))
-        out = {"saved_pct": None, "speedup_pct": None, "loss_gap": None, "small_loss_gap": None,
+        out = {"saved_pct": None, "speedup_pct": None, "saved_pct_bound": None, "speedup_pct_bound": None,
+               "loss_gap": None, "small_loss_gap": None,
                "loss_range": "no frontier", "flops_range": "no frontier", "small_flops_range": "no frontier",
                "baseline_flops_at_loss": None}
         # (a run with a NaN loss has no comparison, so no total: it stays "no frontier")
@@ -164,7 +176,9 @@ def run_savings(runs: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
             out.update(loss_range=s["loss_range"], flops_range=s["flops_range"], loss_gap=s["loss_gap"],
                        baseline_flops_at_loss=s["baseline_flops_at_loss"],
                        saved_pct=None if s["saved"] is None else 100 * s["saved"],
-                       speedup_pct=None if s["speedup"] is None else 100 * s["speedup"])
+                       speedup_pct=None if s["speedup"] is None else 100 * s["speedup"],
+                       saved_pct_bound=None if s["saved_bound"] is None else 100 * s["saved_bound"],
+                       speedup_pct_bound=None if s["speedup_bound"] is None else 100 * s["speedup_bound"])
         if key in small and math.isfinite(flops) and math.isfinite(loss):
             s = small[key].saving(flops, loss)
             out.update(small_loss_gap=s["loss_gap"], small_flops_range=s["flops_range"])
@@ -172,11 +186,13 @@ def run_savings(runs: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, index=runs.index, columns=list(out) if rows else None)
 
 
-def spread_cell(values, ranges, digits: int = 1) -> str:
+def spread_cell(values, ranges, digits: int = 1, bounds=None) -> str:
     """A table cell from one variant's per-seed ``values`` and where each seed stands (``ranges``):
     mean ± sd over the seeds the frontier can read, and how many it cannot (their loss or budget
-    below or above its points) -- never a number for those."""
+    below or above its points) -- never a point value for those; with ``bounds`` (a saving's, per
+    seed), each such seed's bound: "> +14.6" below the range, "< -100.0" above it."""
     ranges = list(ranges)
+    bounds = [None] * len(ranges) if bounds is None else list(bounds)
     if not ranges or all(r == "no frontier" for r in ranges):
         return "no frontier yet"
     read = [float(v) for v, r in zip(values, ranges) if r == "in range"]
@@ -187,6 +203,11 @@ def spread_cell(values, ranges, digits: int = 1) -> str:
         if len(read) > 1:
             sd = math.sqrt(sum((v - mean) ** 2 for v in read) / (len(read) - 1))
             cell += f" ± {sd:.{digits}f}"
-    outside = [f"{ranges.count(k)} " + ("without one" if k == "no frontier" else f"{k} its range")
+    def where(k: str) -> str:
+        said = [f"{'>' if k == 'below' else '<'} {float(b):+.{digits}f}" for b, r in zip(bounds, ranges)
+                if r == k and b is not None and math.isfinite(float(b))]
+        return f"{k} its range" + (f": {', '.join(said)}" if said else "")
+
+    outside = [f"{ranges.count(k)} " + ("without one" if k == "no frontier" else where(k))
                for k in ("below", "above", "no frontier") if ranges.count(k)]
     return cell + (f" ({len(read)}/{len(ranges)} seeds; {', '.join(outside)})" if outside else "")

@@ -215,8 +215,8 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
         for col, where, digits in (("saved_pct", "loss_range", 1), ("speedup_pct", "loss_range", 1),
                                    ("loss_gap", "flops_range", 3), ("small_loss_gap", "small_flops_range", 3)):
             if col in df:
-                out[f"{col}_cell"] = g.apply(lambda d, c=col, w=where, k=digits: spread_cell(d[c], d[w], k),
-                                             include_groups=False)
+                out[f"{col}_cell"] = g.apply(lambda d, c=col, w=where, k=digits: spread_cell(
+                    d[c], d[w], k, d[f"{c}_bound"] if f"{c}_bound" in d else None), include_groups=False)
                 inside = df[df[where] == "in range"].groupby(keys, dropna=False)[col]
                 out[f"{col}_mean"], out[f"{col}_sd"] = inside.mean(), inside.std()
         out["tokens_per_parameter"] = g["tokens_per_parameter"].mean()

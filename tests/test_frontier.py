@@ -103,3 +103,29 @@ def test_cells_show_spread_and_never_a_number_for_seeds_out_of_range():
     assert spread_cell([10.0, None], ["in range", "above"]) == "+10.0 (1/2 seeds; 1 above its range)"
     assert spread_cell([None, None], ["below", "below"]) == "- (0/2 seeds; 2 below its range)"
     assert spread_cell([None], ["no frontier"]) == "no frontier yet"
+
+
+def test_a_loss_outside_the_range_is_bounded_and_every_longer_frontier_keeps_the_bound():
+    """Below the largest budget's loss the run saved more than 1 - C/C_max; above the smallest's, less
+    than 1 - C/C_min. Independent check: extend the frontier with a point past either end (any
+    non-increasing extension) and the saving it then reads honours the bound."""
+    f = Frontier.of(POINTS)
+    better = f.saving(0.9e12, 3.0)
+    assert better["saved_bound"] == pytest.approx(1 - 0.9 / 1.0) and better["speedup_bound"] == pytest.approx(1.0 / 0.9 - 1)
+    worse = f.saving(0.9e12, 3.9)
+    assert worse["saved_bound"] == pytest.approx(1 - 0.9 / 0.4)
+    for longer in ([*POINTS, (1.5e12, 3.1), (3e12, 2.9)], [*POINTS, (1.2e12, 2.99)]):
+        assert Frontier.of(longer).saving(0.9e12, 3.0)["saved"] > better["saved_bound"]
+    for shorter in ([(0.1e12, 4.2), *POINTS], [(0.39e12, 3.95), *POINTS]):
+        assert Frontier.of(shorter).saving(0.9e12, 3.9)["saved"] < worse["saved_bound"]
+    assert f.saving(0.5e12, 3.4)["saved_bound"] is None  # in range: a value, no bound
+
+
+def test_cells_state_the_bound_of_each_seed_out_of_range():
+    assert spread_cell([None], ["below"], 1, [14.63]) == "- (0/1 seeds; 1 below its range: > +14.6)"
+    assert spread_cell([10.0, None, None], ["in range", "above", "above"], 1, [None, -100.0, -120.04]) == \
+        "+10.0 (1/3 seeds; 2 above its range: < -100.0, < -120.0)"
+    assert spread_cell([10.0, None], ["in range", "above"], 1, [None, float("nan")]) == "+10.0 (1/2 seeds; 1 above its range)"
+    runs = pd.DataFrame([{"experiment": "e", "seed": 0, "method_total_flops": 0.9e12, "method_full_val_loss": 3.0}])
+    s = run_savings(runs, _points({0: [3.6, 3.4, 3.3, 3.25]}))
+    assert pd.isna(s.saved_pct[0]) and s.saved_pct_bound[0] == pytest.approx(10.0)
