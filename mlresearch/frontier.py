@@ -203,6 +203,7 @@ def spread_cell(values, ranges, digits: int = 1, bounds=None) -> str:
         if len(read) > 1:
             sd = math.sqrt(sum((v - mean) ** 2 for v in read) / (len(read) - 1))
             cell += f" ± {sd:.{digits}f}"
+
     def where(k: str) -> str:
         said = [f"{'>' if k == 'below' else '<'} {float(b):+.{digits}f}" for b, r in zip(bounds, ranges)
                 if r == k and b is not None and math.isfinite(float(b))]
