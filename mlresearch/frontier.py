@@ -175,10 +175,8 @@ def run_savings(runs: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
             s = full[key].saving(flops, loss)
             out.update(loss_range=s["loss_range"], flops_range=s["flops_range"], loss_gap=s["loss_gap"],
                        baseline_flops_at_loss=s["baseline_flops_at_loss"],
-                       saved_pct=None if s["saved"] is None else 100 * s["saved"],
-                       speedup_pct=None if s["speedup"] is None else 100 * s["speedup"],
-                       saved_pct_bound=None if s["saved_bound"] is None else 100 * s["saved_bound"],
-                       speedup_pct_bound=None if s["speedup_bound"] is None else 100 * s["speedup_bound"])
+                       **{f"{k}_pct{end}": None if s[k + end] is None else 100 * s[k + end]
+                          for k in ("saved", "speedup") for end in ("", "_bound")})
         if key in small and math.isfinite(flops) and math.isfinite(loss):
             s = small[key].saving(flops, loss)
             out.update(small_loss_gap=s["loss_gap"], small_flops_range=s["flops_range"])
