@@ -18,11 +18,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def git_commit() -> str:
-    """The checkout's commit, with ``+dirty`` when tracked files differ from it."""
+    """The checkout's commit, with ``+dirty`` when tracked files outside ``results/`` differ from it:
+    the commit names the code and configs that made a number; a study rewriting its committed tables
+    (``results/tables/``) in the worktree it runs from has not changed either."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"],
+                               cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

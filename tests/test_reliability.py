@@ -351,6 +351,30 @@ def test_committed_runs_record_the_corpora_they_trained_on():
     assert checked > 100
 
 
+def test_the_recorded_commit_is_dirty_for_changed_code_not_for_rewritten_results(tmp_path, monkeypatch):
+    """A study rewrites ``results/tables/`` in the checkout it runs from; its records must still name
+    a clean commit, while an edited source file marks it ``+dirty``."""
+    import mlresearch.results as results
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    (tmp_path / "results" / "tables").mkdir(parents=True)
+    (tmp_path / "results" / "tables" / "frontier.csv").write_text("run,loss\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "start")
+    monkeypatch.setattr(results, "REPO", tmp_path)
+    sha = git("rev-parse", "HEAD")
+    (tmp_path / "results" / "tables" / "frontier.csv").write_text("run,loss\nbaseline,1.0\n")
+    (tmp_path / "results" / "new_run").mkdir()
+    assert results.git_commit() == sha
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert results.git_commit() == sha + "+dirty"
+
+
 def test_a_run_records_the_data_it_loaded(tmp_path):
     out = tmp_path / "run"
     assert main(["run", "--method", "baseline", SMOKE, "--set", "train.steps=2", "--set", "vcycle=null", "--out", str(out)]) == 0
