@@ -82,7 +82,7 @@ def test_every_spread_the_readme_quotes_is_one_the_answer_shows(blocks):
 
 
 def test_the_paper_tables_put_each_reported_row_beside_our_variants_of_that_method():
-    """Every row the paper's Tables 1 and 2 report appears with its reported numbers, and each of our
+    """Every row the paper's Tables 1, 2 and 3 report appears with its reported numbers, and each of our
     rows beside it carries the saving and seeds that the study table (variants) gives that variant
     on the experiment the table is read against; the V-cycle shows only its headline variants."""
     from mlresearch.study import PAPER_TABLE_EXPERIMENTS, PAPER_TABLES, collect, paper_tables, variant_name, variants
