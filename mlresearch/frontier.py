@@ -195,15 +195,19 @@ def spread_cell(values, ranges, digits: int = 1, bounds=None) -> str:
         return "no frontier yet"
     read = [float(v) for v, r in zip(values, ranges) if r == "in range"]
     cell = "-"
+
+    def signed(x: float) -> str:  # rounded first, so a value a hair below zero reads +0.0, never -0.0
+        return f"{round(x, digits) + 0.0:+.{digits}f}"
+
     if read:
         mean = sum(read) / len(read)
-        cell = f"{mean:+.{digits}f}"
+        cell = signed(mean)
         if len(read) > 1:
             sd = math.sqrt(sum((v - mean) ** 2 for v in read) / (len(read) - 1))
             cell += f" ± {sd:.{digits}f}"
 
     def where(k: str) -> str:
-        said = [f"{'>' if k == 'below' else '<'} {float(b):+.{digits}f}" for b, r in zip(bounds, ranges)
+        said = [f"{'>' if k == 'below' else '<'} {signed(float(b))}" for b, r in zip(bounds, ranges)
                 if r == k and b is not None and math.isfinite(float(b))]
         return f"{k} its range" + (f": {', '.join(said)}" if said else "")
 

@@ -123,6 +123,9 @@ def test_a_loss_outside_the_range_is_bounded_and_every_longer_frontier_keeps_the
 
 def test_cells_state_the_bound_of_each_seed_out_of_range():
     assert spread_cell([None], ["below"], 1, [14.63]) == "- (0/1 seeds; 1 below its range: > +14.6)"
+    # a run that spent a hair more than the largest budget (equal-FLOPs steps are rounded up): +0.0, not -0.0
+    assert spread_cell([None], ["below"], 1, [-0.003]) == "- (0/1 seeds; 1 below its range: > +0.0)"
+    assert spread_cell([-0.04], ["in range"]) == "+0.0"
     assert spread_cell([10.0, None, None], ["in range", "above", "above"], 1, [None, -100.0, -120.04]) == \
         "+10.0 (1/3 seeds; 2 above its range: < -100.0, < -120.0)"
     assert spread_cell([10.0, None], ["in range", "above"], 1, [None, float("nan")]) == "+10.0 (1/2 seeds; 1 above its range)"
