@@ -37,7 +37,6 @@ import yaml
 from mlresearch.checkpoint import atomic_write_text
 from mlresearch.data.datasets import load_data
 from mlresearch.results import REPO, provenance
-from mlresearch.study import shape_key
 from mlresearch.study_runner import load_study
 from mlresearch.tasks import task_of
 from mlresearch.training.config import ConfigError, load_config
@@ -57,7 +56,7 @@ def study_shapes(spec: dict, overrides: list[str] = ()) -> dict:
     shapes = {}
     for method, sets in [("baseline", [])] + [(r["method"], r.get("set", [])) for r in spec["runs"].values()]:
         for phase in planned_ledger(load_config(config, [*overrides, *sets]), method)["phases"]:
-            shapes.setdefault(shape_key(phase["sizes"]), phase["sizes"])
+            shapes.setdefault(phase["sizes"].key, phase["sizes"])
     return shapes
 
 
@@ -70,7 +69,7 @@ def config_shapes(config: Path, sets: list[str] = ()) -> dict:
         except ConfigError:  # a method this preset cannot plan
             continue
         for phase in phases:
-            shapes.setdefault(shape_key(phase["sizes"]), phase["sizes"])
+            shapes.setdefault(phase["sizes"].key, phase["sizes"])
     return shapes
 
 
@@ -132,7 +131,7 @@ def main() -> None:
     if any("maskedhead" in e for e in executions) and not splits_head(cfg):
         raise SystemExit(f"--executions: +maskedhead is for a masked LM; {cfg.model.family} models have no head to "
                          f"run apart")
-    full = shape_key(model_sizes(cfg))
+    full = model_sizes(cfg).key
     shapes = {full: model_sizes(cfg), **{k: v for k, v in shapes.items() if k != full}}  # the full shape first
     if args.shapes:
         unknown = set(args.shapes.split(",")) - set(shapes)

@@ -57,7 +57,7 @@ def frontier_row(run: str | Path, root: str | Path, budget: float) -> dict:
             "budget": budget, "lr": train["lr"], "warmup": train["warmup"],
             "steps": train["steps"], "schedule": train["schedule"],
             "flops": r.flops, "val_loss": r.val_loss, "tune_loss": r.tune_loss,
-            "tokens": r.tokens, "full_model_parameters": r.parameters,
+            "tokens": r.tokens, "shape": r.smallest_shape, "full_model_parameters": r.parameters,
             "full_model_non_embedding_parameters": r.non_embedding_parameters,
             "tokens_per_parameter": None if r.tokens is None else r.tokens_per_parameter,
             "run": str(r.run.resolve().relative_to(Path(root).resolve())),
@@ -139,12 +139,29 @@ class Frontier:
                 "loss_gap": None if at is None else loss - at, "flops_range": budget}
 
 
-def frontiers(points: pd.DataFrame, method: str = "baseline") -> dict[tuple[str, int], Frontier]:
-    """(experiment, seed) -> that seed's frontier of ``method`` runs (the baseline, or the small shape
-    alone), from ``frontier.csv`` rows (not the LR check's: it is judged on the tuning split)."""
+def frontiers(points: pd.DataFrame, method: str = "baseline") -> dict[tuple, Frontier]:
+    """That seed's frontier of ``method`` runs, from ``frontier.csv`` rows (not the LR check's: it is
+    judged on the tuning split): (experiment, seed) -> the baseline's. A study can have several
+    small-model controls (the V-cycle's coarsest shape, staged training's half-width one), so for
+    ``method="small"`` the key is (experiment, seed, shape) (shape "" for rows written before
+    controls had shapes)."""
     rows = points[(points.method == method) & (points.role == "frontier")]
-    return {(str(e), int(s)): Frontier.of(zip(g.flops, g.val_loss)) for (e, s), g in rows.groupby(["experiment", "seed"])
-            if len(g) >= 2}
+    if method == "small":
+        rows = rows.assign(shape=rows["shape"].fillna("").astype(str) if "shape" in rows else "")
+    keys = ["experiment", "seed"] + (["shape"] if method == "small" else [])
+    return {(str(k[0]), int(k[1]), *k[2:]): Frontier.of(zip(g.flops, g.val_loss))
+            for k, g in rows.groupby(keys) if len(g) >= 2}
+
+
+def regime_controls(points: pd.DataFrame) -> dict[tuple[str, int], str]:
+    """(experiment, seed) -> the shape of the regime check's small-model control (the study's
+    ``control``: the small shape alone that the full model must beat), "" where the rows predate
+    shapes (then it was the only control)."""
+    rows = points[(points.method == "small") & (points.role == "frontier")]
+    if "regime_control" in rows:
+        rows = rows[rows.regime_control.fillna(True).astype(bool)]
+    shapes = rows["shape"].fillna("").astype(str) if "shape" in rows else pd.Series("", index=rows.index)
+    return {(str(e), int(s)): shape for e, s, shape in zip(rows.experiment, rows.seed, shapes)}
 
 
 def read_points(results: str | Path) -> pd.DataFrame:
@@ -156,17 +173,18 @@ def read_points(results: str | Path) -> pd.DataFrame:
 def run_savings(runs: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
     """Each method run (a row of :func:`mlresearch.study.collect`: its experiment, seed, total FLOPs
     and final loss) against the annealed frontier *of its own seed*: ``saved_pct``, ``speedup_pct``,
-    ``loss_gap`` (to the baseline's frontier at equal FLOPs), ``small_loss_gap`` (to the small shape
-    alone's, where the study has one), and where each stands (``loss_range``: in range / above /
+    ``loss_gap`` (to the baseline's frontier at equal FLOPs), ``small_loss_gap`` (to the frontier of
+    the run's own smallest shape trained alone, ``smallest_shape``, where the study has one, else to the
+    regime check's control; ``small_control``: the shape read against), and where each stands (``loss_range``: in range / above /
     below the frontier's points; ``flops_range`` and ``small_flops_range`` likewise for the budget);
     ``saved_pct_bound`` and ``speedup_pct_bound`` for a loss outside the range (see the module's text). Runs of an experiment without a frontier
     get ``loss_range`` "no frontier"."""
-    full, small = frontiers(points, "baseline"), frontiers(points, "small")
+    full, small, regime = frontiers(points, "baseline"), frontiers(points, "small"), regime_controls(points)
     rows = []
     for r in runs.itertuples(index=False):
         key = (str(r.experiment), int(r.seed))
         out = {"saved_pct": None, "speedup_pct": None, "saved_pct_bound": None, "speedup_pct_bound": None,
-               "loss_gap": None, "small_loss_gap": None,
+               "loss_gap": None, "small_loss_gap": None, "small_control": None,
                "loss_range": "no frontier", "flops_range": "no frontier", "small_flops_range": "no frontier",
                "baseline_flops_at_loss": None}
         # (a run with a NaN loss has no comparison, so no total: it stays "no frontier")
@@ -177,9 +195,11 @@ def run_savings(runs: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
                        baseline_flops_at_loss=s["baseline_flops_at_loss"],
                        **{f"{k}_pct{end}": None if s[k + end] is None else 100 * s[k + end]
                           for k in ("saved", "speedup") for end in ("", "_bound")})
-        if key in small and math.isfinite(flops) and math.isfinite(loss):
-            s = small[key].saving(flops, loss)
-            out.update(small_loss_gap=s["loss_gap"], small_flops_range=s["flops_range"])
+        own = str(getattr(r, "smallest_shape", ""))  # its own smallest shape alone, else the regime check's control
+        control = (*key, own if (*key, own) in small else regime.get(key, ""))
+        if control in small and math.isfinite(flops) and math.isfinite(loss):
+            s = small[control].saving(flops, loss)
+            out.update(small_loss_gap=s["loss_gap"], small_flops_range=s["flops_range"], small_control=control[-1])
         rows.append(out)
     return pd.DataFrame(rows, index=runs.index, columns=list(out) if rows else None)
 

@@ -95,7 +95,7 @@ def modelled_wall(record: RunRecord, times: dict):
     this is what a saving in wall time is claimed from. Each phase is timed as it ran (its execution:
     eager, or what ``train.speed`` chose; in its precision: a bf16 timing never stands in for fp32)."""
     execution, bf16 = record.execution, bool((record.config.get("train") or {}).get("bf16", False))
-    per_step = {p["phase"]: times.get((record.experiment, shape_key(Sizes(**p["shape"])), execution[p["phase"]], bf16))
+    per_step = {p["phase"]: times.get((record.experiment, Sizes(**p["shape"]).key, execution[p["phase"]], bf16))
                 for p in record.phases}
     if any(v is None for v in per_step.values()):
         return None
@@ -148,7 +148,7 @@ def _collect(results: Path) -> pd.DataFrame:
         if r.method == "baseline" or base is None:  # (a run kept as a record, beside no baseline)
             continue
         row = {"experiment": r.experiment, "method": r.method, "task": r.task, "run": r.run.name, "seed": r.seed,
-               **r.variant, "method_full_val_loss": r.val_loss, "method_test": next(iter(r.test.values())),
+               **r.variant, "smallest_shape": r.smallest_shape, "method_full_val_loss": r.val_loss, "method_test": next(iter(r.test.values())),
                "method_downstream": _downstream(r)}
         try:
             c = compare_runs(base.run, r.run)
@@ -222,6 +222,8 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
                     d[c], d[w], k, d[f"{c}_bound"] if f"{c}_bound" in d else None), include_groups=False)
                 inside = df[df[where] == "in range"].groupby(keys, dropna=False)[col]
                 out[f"{col}_mean"], out[f"{col}_sd"] = inside.mean(), inside.std()
+        if "small_control" in df:  # the shape its small-model control was (every seed's is the same)
+            out["small_control"] = g["small_control"].first()
         out["tokens_per_parameter"] = g["tokens_per_parameter"].mean()
         out["tokens_per_non_embedding_parameter"] = g["tokens_per_non_embedding_parameter"].mean()
     return out.reset_index()
@@ -248,6 +250,13 @@ def variant_name(row) -> str:
     return ", ".join(parts)
 
 
+def _small_cell(cell: str, shape) -> str:
+    """The loss gap to the small-model control, naming the shape trained alone it is read against:
+    the run's own smallest shape (``RunRecord.smallest_shape``) where the study has that control,
+    else the regime check's (:func:`mlresearch.frontier.run_savings`)."""
+    return f"{cell} ({shape})" if isinstance(shape, str) and shape and cell != "no frontier yet" else cell
+
+
 def markdown(table: pd.DataFrame) -> str:
     """The study table: each variant against the *annealed* frontier of its seed (saved at matched
     loss, speedup, loss at equal FLOPs against the full and the small shape), mean ± sd over seeds;
@@ -260,6 +269,7 @@ def markdown(table: pd.DataFrame) -> str:
     t = table.copy()
     for col in ("saved_pct", "speedup_pct", "loss_gap", "small_loss_gap"):
         t[col.removesuffix("_pct")] = t[f"{col}_cell"] if f"{col}_cell" in t else "no frontier yet"
+    t["small_loss_gap"] = [_small_cell(c, s) for c, s in zip(t["small_loss_gap"], t.get("small_control", [None] * len(t)))]
     t["method_flops_over_baseline"] = t["method_flops_over_baseline"].map(lambda x: f"{x:.2f}")
     t["final_val_loss_gap"] = [("-" if pd.isna(m) else f"{m:+.3f}" + ("" if pd.isna(sd) else f" ± {sd:.3f}")) +
                                (f" (NaN/inf loss: {int(n)} seed{'s' * (n > 1)} left out)" if n else "")
@@ -273,7 +283,7 @@ def markdown(table: pd.DataFrame) -> str:
                                 "saved": "FLOPs saved % at matched loss (annealed frontier)",
                                 "speedup": "speedup %",
                                 "loss_gap": "loss - frontier at equal FLOPs",
-                                "small_loss_gap": "loss - small shape alone at equal FLOPs",
+                                "small_loss_gap": "loss - small shape alone at equal FLOPs (its shape)",
                                 "final_val_loss_gap": "final val loss - 1.0x baseline",
                                 "tokens_per_parameter": "tokens per parameter (all / non-embedding)",
                                 "downstream": "downstream: method vs baseline"})
@@ -293,6 +303,7 @@ def answer(table: pd.DataFrame) -> str:
     rows = []
     for r in t.itertuples(index=False):
         cells = [getattr(r, f"{c}_cell", "no frontier yet") for c in ("saved_pct", "loss_gap", "small_loss_gap")]
+        cells[-1] = _small_cell(cells[-1], getattr(r, "small_control", None))
         label = getattr(r, "label", "")
         name = variant_name(r) + (f" ({label})" if isinstance(label, str) and label else "")
         rows.append([r.experiment, name, str(int(r.seeds)), *cells,
@@ -457,11 +468,6 @@ def write_tables(results: str | Path = "results", docs: list | tuple = (),
         for path in docs:
             fill_blocks(Path(path), blocks)
     return table
-
-
-def shape_key(sizes) -> str:
-    """A model shape as the step-time table names it: 2L/128d/4h (and /<ffn>f when not 4 x hidden)."""
-    return f"{sizes.layers}L/{sizes.hidden}d/{sizes.heads}h" + ("" if sizes.ffn == 4 * sizes.hidden else f"/{sizes.ffn}f")
 
 
 def curves(run: str | Path) -> pd.DataFrame:

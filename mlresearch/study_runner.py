@@ -145,10 +145,16 @@ def load_study(path: str | Path) -> dict:
     return spec
 
 
+def controls(spec: dict) -> list[str]:
+    """The spec's small-model controls: its runs of a small shape alone for the baseline's FLOPs (the
+    V-cycle's coarsest shape; another method's smallest, e.g. staged training's half-width one), in
+    the spec's order; each gets a frontier (``frontier.small_budgets``)."""
+    return [name for name, item in spec["runs"].items() if item.get("method") == "small" and item.get("equal_flops")]
+
+
 def control(spec: dict) -> str | None:
-    """The spec's small-model control: its run of the small shape alone for the baseline's FLOPs."""
-    return next((name for name, item in spec["runs"].items() if item.get("method") == "small" and item.get("equal_flops")),
-                None)
+    """The regime check's control: the spec's first small shape alone for the baseline's FLOPs."""
+    return next(iter(controls(spec)), None)
 
 
 def equal_flops_steps(cfg, budget: float = 1.0) -> tuple[int, int]:
@@ -443,7 +449,8 @@ class Study:
     # --------------------------------------------------------------------------------- frontier
     def frontier_points(self) -> list[tuple[Path, str, list[str], float, str]]:
         """(directory, method, overrides, budget, role) of every frontier run, in the order they run:
-        the baseline's budgets on every seed, then the small shape's (role "frontier"), then the LR
+        the baseline's budgets on every seed, then each small-model control's (``controls``: the
+        regime check's first; role "frontier"), then the LR
         check (role "lr check": judged on the tuning split, never a point of the frontier), so a
         study stopped part-way has the baseline's frontier on every seed first."""
         f, (lr, warmup) = self.spec["frontier"], self.baseline
@@ -456,12 +463,14 @@ class Study:
                 points.append((home / f"baseline-x{budget:g}-seed{seed}", "baseline",
                                [f"seed={seed}", f"train.steps={steps}", f"train.lr={lr}",
                                 f"train.warmup={min(warmup, steps)}"], budget, "frontier"))
-        for seed in self.spec["seeds"]:
-            cfg = load_config(self.config, [f"seed={seed}"])
-            for budget in f["small_budgets"]:
-                steps, small_warmup = equal_flops_steps(cfg, budget)
-                points.append((home / f"small-x{budget:g}-seed{seed}", "small",
-                               [f"seed={seed}", f"train.steps={steps}", f"train.warmup={small_warmup}"], budget, "frontier"))
+        for name in controls(self.spec):  # the regime check's control first
+            for seed in self.spec["seeds"]:
+                sets = [f"seed={seed}", *self.spec["runs"][name].get("set", [])]
+                cfg = load_config(self.config, sets)
+                for budget in f["small_budgets"]:
+                    steps, small_warmup = equal_flops_steps(cfg, budget)
+                    points.append((home / f"{name}-x{budget:g}-seed{seed}", "small",
+                                   [*sets, f"train.steps={steps}", f"train.warmup={small_warmup}"], budget, "frontier"))
         seed, budget = self.spec["tuning"]["seed"], min(f["budgets"])
         steps = max(1, round(budget * load_config(self.config).train.steps))
         for other in f["check_lr"]:
@@ -503,8 +512,10 @@ class Study:
         replaced, every other experiment's kept)."""
         from .frontier import frontier_row
 
-        rows = [{**frontier_row(run, self.root, budget), "role": role} for run, budget, role in runs
-                if finished(run)]
+        regime = {out for out, method, sets, *_ in self.frontier_points()
+                  if method == "small" and out.name.startswith(f"{control(self.spec)}-x")}
+        rows = [{**frontier_row(run, self.root, budget), "role": role, "regime_control": run in regime}
+                for run, budget, role in runs if finished(run)]
         out = self.root / "tables" / "frontier.csv"
         if not rows or self.dry_run:
             return None

@@ -132,3 +132,44 @@ def test_cells_state_the_bound_of_each_seed_out_of_range():
     runs = pd.DataFrame([{"experiment": "e", "seed": 0, "method_total_flops": 0.9e12, "method_full_val_loss": 3.0}])
     s = run_savings(runs, _points({0: [3.6, 3.4, 3.3, 3.25]}))
     assert pd.isna(s.saved_pct[0]) and s.saved_pct_bound[0] == pytest.approx(10.0)
+
+
+def test_each_run_is_read_against_the_small_shape_it_trained_else_the_regime_control():
+    """Two small-model controls on one seed: the regime check's (1L/64d/2h, losses 3.9 / 3.8) and a
+    half-width one (2L/64d/2h, 3.5 / 3.4). A run whose smallest shape is the half-width one is read
+    against that frontier; a run through a shape without a control (1L/128d/4h) against the regime
+    check's; rows written before controls had shapes are the regime check's, whatever the run."""
+    base = _points({0: [3.6, 3.4, 3.3, 3.25]})
+    small = pd.DataFrame([{"experiment": "e", "method": "small", "role": "frontier", "seed": 0, "flops": c,
+                           "val_loss": loss, "shape": shape, "regime_control": regime}
+                          for shape, regime, losses in (("1L/64d/2h", True, (3.9, 3.8)), ("2L/64d/2h", False, (3.5, 3.4)))
+                          for c, loss in zip((0.5e12, 1.0e12), losses)])
+    runs = pd.DataFrame([{"experiment": "e", "seed": 0, "method_total_flops": 1.0e12, "method_full_val_loss": 3.3,
+                          "smallest_shape": shape} for shape in ("2L/64d/2h", "1L/128d/4h", "1L/64d/2h")])
+    s = run_savings(runs, pd.concat([base, small]))
+    assert list(s.small_control) == ["2L/64d/2h", "1L/64d/2h", "1L/64d/2h"]
+    assert list(s.small_loss_gap) == pytest.approx([3.3 - 3.4, 3.3 - 3.8, 3.3 - 3.8])
+    old = pd.concat([base, small[small.regime_control].drop(columns=["shape", "regime_control"])])
+    s = run_savings(runs, old)
+    assert list(s.small_loss_gap) == pytest.approx([3.3 - 3.8] * 3) and list(s.small_control) == [""] * 3
+
+
+def test_the_frontier_figure_draws_each_small_shape_alone_as_its_own_curve():
+    """Two small-model controls (1L/64d/2h on 2 budgets; 2L/64d/2h, 1.0x only): two curves, each
+    the mean of its own shape's points, never one averaged across shapes at a shared budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from mlresearch.analysis.plots import frontier_figure
+
+    base = _points({0: [3.6, 3.4, 3.3, 3.25]})
+    small = pd.DataFrame([{"experiment": "e", "method": "small", "role": "frontier", "seed": 0, "budget": b,
+                           "flops": b * 1e12, "val_loss": loss, "shape": shape}
+                          for shape, b, loss in (("1L/64d/2h", 0.5, 3.9), ("1L/64d/2h", 1.0, 3.8), ("2L/64d/2h", 1.0, 3.0))])
+    base = base.assign(budget=base.flops / 1e12, shape="2L/128d/4h")
+    runs = pd.DataFrame(columns=["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget", "run",
+                                 "method_total_flops", "method_full_val_loss"])
+    fig = frontier_figure(pd.concat([base, small]), runs, "e")
+    drawn = {line.get_label().split(" alone")[0]: list(line.get_ydata()) for line in fig.axes[0].get_lines()
+             if line.get_label().startswith("small")}
+    assert drawn == {"small shape 1L/64d/2h": [3.9, 3.8], "small shape 2L/64d/2h": [3.0]}

@@ -225,8 +225,10 @@ def test_the_frontier_and_regime_stages(tmp_path, warm_launches, capsys):
 
     path = _spec(tmp_path, seeds=[0], tuning={"seed": 0, "lr": [], "warmup": []},
                  runs={"small": {"method": "small", "equal_flops": True, "main": True},
-                       "paper": {"method": "vcycle", "main": True}}, best=None,
-                 frontier={"budgets": [0.5, 1.0], "small_budgets": [0.5, 1.0], "check_lr": [0.01]}, regime=True)
+                       "paper": {"method": "vcycle", "main": True},
+                       "small-width": {"method": "small", "equal_flops": True, "set": ["vcycle.scheme=width-only"]}},
+                 best=None, frontier={"budgets": [0.5, 1.0], "small_budgets": [0.5, 1.0], "check_lr": [0.01]},
+                 regime=True)
     spec = yaml.safe_load(path.read_text())
     del spec["best"]
     path.write_text(yaml.safe_dump(spec))
@@ -235,7 +237,7 @@ def test_the_frontier_and_regime_stages(tmp_path, warm_launches, capsys):
     pd.DataFrame([{"experiment": "other", "seed": 0, "margin": 1.0}]).to_csv(runs / "tables" / "regime.csv", index=False)
     run_study(path, "all")
     points = pd.read_csv(runs / "tables" / "frontier.csv")
-    assert len(points) == 4 + 1 and (points.role == "lr check").sum() == 1
+    assert len(points) == 2 + 2 * 2 + 1 and (points.role == "lr check").sum() == 1
     assert sorted(points[points.role == "lr check"].lr) == [0.01]
     for p in points.itertuples():
         run = runs / p.run
@@ -249,10 +251,23 @@ def test_the_frontier_and_regime_stages(tmp_path, warm_launches, capsys):
     assert copied == "gpt2_smoke/baseline-seed0"  # relative to the results root: the same on every machine
     assert json.loads((home / "small-x1-seed0" / "provenance.json").read_text())["copied_from"] == \
         "gpt2_smoke/small-equalflops-seed0"
+    # Two small-model controls, each with its frontier and its shape; the regime check's is the first.
+    controls = points[points.method == "small"].set_index("run")
+    regime_shape, width_shape = controls.loc["gpt2_smoke-frontier/small-x1-seed0", "shape"], \
+        controls.loc["gpt2_smoke-frontier/small-width-x1-seed0", "shape"]
+    assert regime_shape != width_shape and set(controls["shape"]) == {regime_shape, width_shape}
+    assert {run: bool(r) for run, r in controls.regime_control.items()} == {
+        f"gpt2_smoke-frontier/{name}-x{b}-seed0": name == "small" for name in ("small", "small-width") for b in ("0.5", "1")}
+    assert json.loads((home / "small-width-x1-seed0" / "provenance.json").read_text())["copied_from"] == \
+        "gpt2_smoke/small-width-equalflops-seed0"
 
     table = write_tables(runs)
     per_run = pd.read_csv(runs / "tables" / "runs.csv")
-    assert set(per_run.run) == {"vcycle-L2-halving-a0.25-reset-seed0", "small-equalflops-seed0"}  # none from the frontier
+    assert len(per_run) == 3 and not any("-x" in r for r in per_run.run)  # none from the frontier
+    # Each run against the control of its own smallest shape: the V-cycle's coarsest level is the regime's.
+    assert dict(zip(per_run.smallest_shape, per_run.small_control)) == {regime_shape: regime_shape,
+                                                                        width_shape: width_shape}
+    assert (per_run.small_loss_gap.abs() < 1e-12).sum() == 2  # each control at its own 1.0x point
     for r in per_run.itertuples():
         f = half.loc[r.seed].sort_index()
         (c0, l0), (c1, l1) = zip(f.flops, f.val_loss)
@@ -267,7 +282,7 @@ def test_the_frontier_and_regime_stages(tmp_path, warm_launches, capsys):
     capsys.readouterr()
     run_study(path, "frontier", dry_run=True)  # resumed, every point is finished: nothing would train
     listed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
-    assert len(listed) == 5 and all(line.startswith("[finished]") for line in listed), listed
+    assert len(listed) == 7 and all(line.startswith("[finished]") for line in listed), listed
     assert pd.read_csv(runs / "tables" / "frontier.csv").equals(points)
     # A study stopped part-way: --finished writes the frontier of the points that finished, trains nothing.
     half_point = home / "baseline-x0.5-seed0"

@@ -77,15 +77,18 @@ def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str, h
     fig, ax = plt.subplots(figsize=(13, 6))
     colours = plt.get_cmap("tab10").colors + plt.get_cmap("tab20").colors[1::2]  # strong first, then light
     mine = points[(points.experiment == experiment) & (points.role == "frontier")]
-    for method, colour, name in (("baseline", "black", "baseline (full shape), annealed at each budget"),
-                                 ("small", "grey", "small shape alone, annealed at each budget")):
-        part = mine[mine.method == method]
+    shapes = mine["shape"].fillna("").astype(str) if "shape" in mine else pd.Series("", index=mine.index)
+    curves = [(mine[mine.method == "baseline"], "black", "-o", "baseline (full shape), annealed at each budget")]
+    for n, shape in enumerate(sorted(set(shapes[mine.method == "small"]))):  # each small-model control its own curve
+        curves.append((mine[(mine.method == "small") & (shapes == shape)], "grey", ("-s", "--s", ":s")[n % 3],
+                       f"small shape {shape + ' ' if shape else ''}alone, annealed at each budget"))
+    for part, colour, style, name in curves:
         if part.empty:
             continue
         g = part.groupby("budget").agg(flops=("flops", "mean"), loss=("val_loss", "mean"), lo=("val_loss", "min"),
                                        hi=("val_loss", "max"), seeds=("seed", "nunique")).sort_index()
         seeds = int(g.seeds.min())
-        ax.plot(g.flops, g.loss, "-o", color=colour, lw=2, ms=4, label=f"{name} ({seeds} seed{'s' * (seeds > 1)})")
+        ax.plot(g.flops, g.loss, style, color=colour, lw=2, ms=4, label=f"{name} ({seeds} seed{'s' * (seeds > 1)})")
         ax.fill_between(g.flops, g.lo, g.hi, color=colour, alpha=0.15, lw=0)
     rows = runs[runs.experiment == experiment]
     keys = ["method", "levels", "scheme", "alpha", "optimizer", "budget"]

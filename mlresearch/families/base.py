@@ -37,6 +37,12 @@ class Sizes:
     def replace(self, **changes: int) -> "Sizes":
         return replace(self, **changes)
 
+    @property
+    def key(self) -> str:
+        """The shape as tables name it: 2L/128d/4h (and /<ffn>f when not 4 x hidden); the step-time
+        table and the small-model controls are keyed by it."""
+        return f"{self.layers}L/{self.hidden}d/{self.heads}h" + ("" if self.ffn == 4 * self.hidden else f"/{self.ffn}f")
+
 
 @dataclass(frozen=True)
 class Recipe:

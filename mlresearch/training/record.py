@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..checkpoint import read_structured
 from ..errors import MLResearchError
+from ..families.base import Sizes
 from .config import load_config
 from .engine import read_metrics
 from .methods import describe_run, planned_ledger
@@ -95,6 +96,17 @@ class RunRecord:
         shapes = self._described["phase_shapes"]
         return tuple({**{k: v for k, v in p.items() if k != "event"}, "shape": shapes.get(p["phase"])}
                      for p in self.summary["phases"])
+
+    @property
+    def smallest_shape(self) -> str:
+        """The key (``Sizes.key``: 2L/64d/2h) of the smallest model the run trained, by its blocks'
+        weights: the shape whose training alone is the run's small-model control (the V-cycle's
+        coarsest level, staged training's first stage, G_stack's shallow model; the baseline's own)."""
+        def weights(s: Sizes) -> int:  # attention (q, k, v, out) and MLP weights of every block
+            return s.layers * (s.hidden * s.head_dim * (2 * s.heads + 2 * s.kv_heads) + 2 * s.hidden * s.ffn)
+
+        shapes = [Sizes(**p["shape"]) for p in self.phases if p.get("shape")]
+        return min(shapes, key=weights).key if shapes else ""
 
     @property
     def parameters(self) -> int:
