@@ -214,6 +214,8 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
                 baseline_tokens_to_target=("baseline_tokens", "mean"), method_tokens_to_target=("method_tokens", "mean"),
                 method_total_tokens=("method_total_tokens", "mean"), nonfinite_seeds=("nonfinite_loss", "sum"))
     out["method_flops_over_baseline"] = out["method_total_flops"] / g["baseline_total_flops"].mean()
+    out["final_val_loss_gap_cell"] = g["final_val_loss_gap"].apply(  # mean ± sd over the seeds with a finite loss
+        lambda v: spread_cell(v.dropna(), ["in range"] * v.notna().sum(), 3) if v.notna().any() else "-")
     if "loss_range" in df:  # against the annealed frontier of each run's seed (mlresearch.frontier)
         for col, where, digits in (("saved_pct", "loss_range", 1), ("speedup_pct", "loss_range", 1),
                                    ("loss_gap", "flops_range", 3), ("small_loss_gap", "small_flops_range", 3)):
@@ -271,10 +273,9 @@ def markdown(table: pd.DataFrame) -> str:
         t[col.removesuffix("_pct")] = t[f"{col}_cell"] if f"{col}_cell" in t else "no frontier yet"
     t["small_loss_gap"] = [_small_cell(c, s) for c, s in zip(t["small_loss_gap"], t.get("small_control", [None] * len(t)))]
     t["method_flops_over_baseline"] = t["method_flops_over_baseline"].map(lambda x: f"{x:.2f}")
-    t["final_val_loss_gap"] = [("-" if pd.isna(m) else f"{m:+.3f}" + ("" if pd.isna(sd) else f" ± {sd:.3f}")) +
-                               (f" (NaN/inf loss: {int(n)} seed{'s' * (n > 1)} left out)" if n else "")
-                               for m, sd, n in zip(table["final_val_loss_gap"], table["final_val_loss_gap_std"],
-                                                   table.get("nonfinite_seeds", pd.Series(0, index=table.index)))]
+    t["final_val_loss_gap"] = [c + (f" (NaN/inf loss: {int(n)} seed{'s' * (n > 1)} left out)" if n else "")
+                               for c, n in zip(table["final_val_loss_gap_cell"],
+                                               table.get("nonfinite_seeds", pd.Series(0, index=table.index)))]
     per_param = table.get("tokens_per_parameter", pd.Series(math.nan, index=table.index))
     per_non_embedding = table.get("tokens_per_non_embedding_parameter", pd.Series(math.nan, index=table.index))
     t["tokens_per_parameter"] = ["-" if pd.isna(a) else f"{a:.1f} / {b:.1f}" for a, b in zip(per_param, per_non_embedding)]
