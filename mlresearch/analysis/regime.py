@@ -59,9 +59,9 @@ def merge_rows(previous: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     if len(previous):
         old = previous.set_index(KEY)
         new = new.copy()
-        for i, row in new.iterrows():
+        for i, row in new.iterrows() if "git_commit" in old else ():
             key = tuple(row[k] for k in KEY)
-            if "git_commit" in old and key in old.index and _same_values(old.loc[key], row):
+            if key in old.index and _same_values(old.loc[key], row):
                 new.at[i, "git_commit"] = old.loc[key, "git_commit"]
         keep = ~old.index.isin(new.set_index(KEY).index)
         new = pd.concat([previous[keep], new], ignore_index=True)
