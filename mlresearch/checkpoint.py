@@ -343,11 +343,28 @@ def load_model(path: str | os.PathLike) -> nn.Module:
     family = _family_of_directory(path, config)  # before anything of the directory is read further
     _check_safetensors(path / WEIGHTS)
     try:
-        return family.load(path, config)
+        return _in_own_memory(family.load(path, config))
     except CheckpointError:
         raise
     except Exception as exc:  # safetensors/HF raise many types for truncated or corrupt files
         raise CheckpointError(f"checkpoint {path} could not be loaded: {type(exc).__name__}: {exc}") from exc
+
+
+def _in_own_memory(model: nn.Module) -> nn.Module:
+    """Copy every tensor a loader left mapped onto the weights file into memory of the model's own.
+
+    transformers maps ``model.safetensors`` and hands out tensors at the file's offsets, aligned to
+    8 bytes only, where the header's length puts them. BLAS kernels may take another path for such
+    data (MKL does), so a model loaded from disk could score an ulp away from its in-memory twin and
+    a resumed V-cycle would log a different partner loss than the run it resumes; the copy is
+    allocator-aligned like every tensor the run makes itself, and the file is no longer held open.
+    Tied tensors stay tied: a shared parameter is one object, copied once."""
+    import torch
+
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:  # (each shared tensor once)
+            tensor.data = tensor.data.clone(memory_format=torch.contiguous_format)
+    return model
 
 
 def _family_of_directory(path: Path, config) -> Family:

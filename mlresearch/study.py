@@ -147,13 +147,15 @@ def _collect(results: Path) -> pd.DataFrame:
         base = baselines.get((r.run.parent, r.seed))
         if r.method == "baseline" or base is None:  # (a run kept as a record, beside no baseline)
             continue
-        row = {"experiment": r.experiment, "method": r.method, "task": r.task, "run": r.run.name, "seed": r.seed,
-               **r.variant, "smallest_shape": r.smallest_shape, "method_full_val_loss": r.val_loss, "method_test": next(iter(r.test.values())),
-               "method_downstream": _downstream(r)}
-        try:
+        try:  # first: runs that measure different things are refused before anything reads their plans
             c = compare_runs(base.run, r.run)
         except NonFiniteLoss as exc:  # a marked cell, not a blank that reads as a number
             warnings.warn(f"table: {exc}", stacklevel=2)
+            c = None
+        row = {"experiment": r.experiment, "method": r.method, "task": r.task, "run": r.run.name, "seed": r.seed,
+               **r.variant, "smallest_shape": r.smallest_shape, "method_full_val_loss": r.val_loss, "method_test": next(iter(r.test.values())),
+               "method_downstream": _downstream(r)}
+        if c is None:
             rows.append({**row, "nonfinite_loss": 1, "reached": False})
             continue
         row.update({"parameters": r.parameters, "non_embedding_parameters": r.non_embedding_parameters})
