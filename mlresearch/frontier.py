@@ -234,3 +234,25 @@ def spread_cell(values, ranges, digits: int = 1, bounds=None) -> str:
     outside = [f"{ranges.count(k)} " + ("without one" if k == "no frontier" else where(k))
                for k in ("below", "above", "no frontier") if ranges.count(k)]
     return cell + (f" ({len(read)}/{len(ranges)} seeds; {', '.join(outside)})" if outside else "")
+
+
+def points_markdown(points: pd.DataFrame) -> str:
+    """Every experiment's frontier points as tables, a row per seed: the final validation loss of the
+    baseline at each budget, then of each small shape alone (a study can have several; each column
+    names its shape). The docs quote these, so they are generated, never typed."""
+    rows = points[points.role == "frontier"] if len(points) else points
+    if rows.empty:
+        return "_No frontier points in results/tables/frontier.csv yet._\n"
+    shapes = rows["shape"].fillna("").astype(str) if "shape" in rows else pd.Series("", index=rows.index)
+    rows = rows.assign(column=[f"{m} {s} {b:g}x".replace("  ", " ") if m == "small" else f"{m} {b:g}x"
+                               for m, s, b in zip(rows.method, shapes, rows.budget)],
+                       order=[(m != "baseline", s, b) for m, s, b in zip(rows.method, shapes, rows.budget)])
+    out = []
+    for experiment, g in rows.groupby("experiment", sort=True):
+        columns = [c for _, c in sorted({(o, c) for o, c in zip(g.order, g.column)})]
+        cells = {(int(s), c): f"{v:.3f}" for s, c, v in zip(g.seed, g.column, g.val_loss)}
+        seeds = sorted({int(s) for s in g.seed})
+        out.append(f"**{experiment}** (final validation loss)\n\n| seed | " + " | ".join(columns) + " |\n|" +
+                   "---|" * (len(columns) + 1) + "\n" +
+                   "".join(f"| {s} | " + " | ".join(cells.get((s, c), "-") for c in columns) + " |\n" for s in seeds))
+    return "\n".join(out)

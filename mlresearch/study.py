@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from .families import Sizes
-from .frontier import read_points, run_savings, spread_cell
+from .frontier import points_markdown, read_points, run_savings, spread_cell
 from .tasks import task_of
 from .training.compare import NonFiniteLoss, compare_runs, reach
 from .training.engine import read_metrics
@@ -51,7 +51,7 @@ PAPER_TABLE_EXPERIMENTS = {"Table 1 (BERT-Base)": "bert_mask40_15k", "Table 2 (G
 
 # Generated blocks of the README and docs/: <!-- NAME:start --> ... <!-- NAME:end -->, rewritten by
 # `mlresearch table --docs FILE...`; tests/test_docs.py fails when one is stale.
-BLOCKS = ("answer", "results", "methods")
+BLOCKS = ("answer", "results", "methods", "frontiers")
 # What tells one variant of an experiment from another: the rows of variants() and the answer table.
 VARIANT_KEYS = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget"]
 
@@ -318,11 +318,15 @@ def answer(table: pd.DataFrame) -> str:
             "".join("| " + " | ".join(row) + " |\n" for row in rows))
 
 
-def generated_blocks(runs: pd.DataFrame, headline: dict[str, dict[str, str]] | None = None) -> dict[str, str]:
-    """The text of every generated block, from :func:`collect`'s rows and the headline run
-    directories (with their labels) of each study experiment (:func:`mlresearch.study_runner.headlines`)."""
+def generated_blocks(runs: pd.DataFrame, headline: dict[str, dict[str, str]] | None = None,
+                     points: pd.DataFrame | None = None) -> dict[str, str]:
+    """The text of every generated block, from :func:`collect`'s rows, the headline run
+    directories (with their labels) of each study experiment (:func:`mlresearch.study_runner.headlines`)
+    and the frontier points (:func:`mlresearch.frontier.read_points`)."""
     table = variants(runs)
     blocks = {"results": markdown(table), "methods": methods_markdown()}
+    if points is not None:
+        blocks["frontiers"] = points_markdown(points)
     if headline is not None:
         mine = runs[[run in headline.get(e, {}) for e, run in zip(runs.experiment, runs.run)]] if len(runs) else runs
         labels = {(e, run): label for e, runs_ in headline.items() for run, label in runs_.items()}
@@ -467,7 +471,7 @@ def write_tables(results: str | Path = "results", docs: list | tuple = (),
     atomic_write_text(results / "tables" / "variants.csv", table.to_csv(index=False))
     atomic_write_text(results / "tables" / "variants.md", markdown(table))
     if docs:
-        blocks = generated_blocks(runs, headline)
+        blocks = generated_blocks(runs, headline, read_points(results))
         for path in docs:
             fill_blocks(Path(path), blocks)
     return table

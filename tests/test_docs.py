@@ -16,11 +16,12 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "expe
 
 @pytest.fixture(scope="module")
 def blocks():
+    from mlresearch.frontier import read_points
     from mlresearch.study import collect, generated_blocks
     from mlresearch.study_runner import headlines
 
     results = REPO / "results"
-    return generated_blocks(collect(results), headlines(results))
+    return generated_blocks(collect(results), headlines(results), read_points(results))
 
 
 def test_every_generated_block_is_what_results_gives_now(blocks):
@@ -35,7 +36,8 @@ def test_every_generated_block_is_what_results_gives_now(blocks):
                 seen.append((page.name, name))
                 assert text == blocks[name], (f"{page.relative_to(REPO)}: block {name!r} is stale; run "
                                               "`mlresearch table --docs README.md docs/results.md`")
-    assert {("README.md", "answer"), ("README.md", "methods"), ("results.md", "results")} <= set(seen), seen
+    assert {("README.md", "answer"), ("README.md", "methods"), ("results.md", "results"),
+            ("results.md", "frontiers")} <= set(seen), seen
 
 
 def _prose(body: str) -> list[str]:

@@ -173,3 +173,27 @@ def test_the_frontier_figure_draws_each_small_shape_alone_as_its_own_curve():
     drawn = {line.get_label().split(" alone")[0]: list(line.get_ydata()) for line in fig.axes[0].get_lines()
              if line.get_label().startswith("small")}
     assert drawn == {"small shape 1L/64d/2h": [3.9, 3.8], "small shape 2L/64d/2h": [3.0]}
+
+
+def test_the_docs_frontier_table_is_every_point_where_its_seed_and_column_say():
+    """The generated frontier tables of the docs: a cell per (seed, method + shape + budget), the
+    baseline's columns first, a point missing on a seed a dash, the LR check's point (judged on the
+    tuning split) left out; one table per experiment."""
+    from mlresearch.frontier import points_markdown
+
+    rows = [("e", "baseline", "", 0, 0.5, 3.6), ("e", "baseline", "", 0, 1.0, 3.25), ("e", "baseline", "", 1, 0.5, 3.7),
+            ("e", "baseline", "", 1, 1.0, 3.3), ("e", "small", "1L/64d/2h", 0, 1.0, 3.9),
+            ("e", "small", "2L/64d/2h", 1, 1.0, 3.05), ("f", "baseline", "", 0, 1.0, 2.5)]
+    points = pd.DataFrame([{"experiment": e, "method": m, "shape": s, "seed": seed, "budget": b, "val_loss": v,
+                            "role": "frontier"} for e, m, s, seed, b, v in rows] +
+                          [{"experiment": "e", "method": "baseline", "shape": "", "seed": 0, "budget": 0.5,
+                            "val_loss": 9.0, "role": "lr check"}])
+    text = points_markdown(points)
+    e, f = text.split("**f**")
+    lines = [line.strip("|").split(" | ") for line in e.splitlines() if line.startswith("| ")]
+    assert [c.strip() for c in lines[0]] == ["seed", "baseline 0.5x", "baseline 1x", "small 1L/64d/2h 1x",
+                                             "small 2L/64d/2h 1x"]
+    assert [[c.strip() for c in line] for line in lines[1:]] == [["0", "3.600", "3.250", "3.900", "-"],
+                                                                 ["1", "3.700", "3.300", "-", "3.050"]]
+    assert "9.000" not in text and "| 0 | 2.500 |" in f
+    assert points_markdown(points.iloc[:0]).startswith("_No frontier points")
