@@ -583,8 +583,11 @@ class Study:
             if name not in main:
                 for seed in variant_seeds:
                     self.run(name, seed)
-        if "best" in self.spec and not self.dry_run and not self.finished_only:
-            choice = self.best()
+        if "best" in self.spec and not self.dry_run:
+            among = self.spec["best"]["among"]
+            if self.finished_only and not all(finished(self.runs[n, s]) for n in among for s in variant_seeds):
+                return  # (the choice needs every candidate's tuning loss)
+            choice = self.best()  # --finished too: the best's other seeds are the study's runs, counted and tabled
             for seed in seeds:
                 self.run(choice, seed)
 

@@ -108,6 +108,8 @@ def test_study_tunes_on_the_tuning_split_runs_every_seed_and_resumes(tmp_path, c
     assert losses["paper"] != losses["a1"]
     assert f"-> {min(losses, key=losses.get)}" in out, (losses, out)
     assert "CPU-hours recorded" in out
+    run_study(path, finished_only=True)  # trains nothing, and still names the best (its other seeds are counted)
+    assert f"-> {min(losses, key=losses.get)}" in capsys.readouterr().out
     adopted = json.loads((runs / "gpt2_smoke" / "baseline-seed0" / "provenance.json").read_text())["copied_from"]
     assert adopted == best.run  # the chosen tuning run is seed 0's baseline, not trained twice (relative to the root)
     for d in [*(runs / "gpt2_smoke").iterdir(), *(runs / "gpt2_smoke-tuning").iterdir()]:
