@@ -354,10 +354,11 @@ def _in_own_memory(model: nn.Module) -> nn.Module:
     """Copy every tensor a loader left mapped onto the weights file into memory of the model's own.
 
     transformers maps ``model.safetensors`` and hands out tensors at the file's offsets, aligned to
-    8 bytes only, where the header's length puts them. BLAS kernels may take another path for such
-    data (MKL does), so a model loaded from disk could score an ulp away from its in-memory twin and
-    a resumed V-cycle would log a different partner loss than the run it resumes; the copy is
-    allocator-aligned like every tensor the run makes itself, and the file is no longer held open.
+    8 bytes only, where the header's length puts them. MKL documents data alignment as one cause of
+    results that differ in the last bits, so a model loaded from disk could score an ulp away from its
+    in-memory twin (a resumed V-cycle once logged such a partner loss on CI; not reproduced on this
+    project's CPU); the copy is allocator-aligned like every tensor the run makes itself, and the file
+    is no longer held open.
     Tied tensors stay tied: a shared parameter is one object, copied once."""
     import torch
 
