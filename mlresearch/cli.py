@@ -24,6 +24,7 @@ import errno
 import json
 import os
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -287,10 +288,20 @@ def _cmd_downstream(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def _cmd_study(args: argparse.Namespace) -> int:
     from .study_runner import run_study
 
-    run_study(args.spec, args.stage, args.dry_run, args.launch, args.finished)
+    # Stopped with SIGTERM (kill, a scheduler's stop), the study unwinds like Ctrl-C: the run it waits on is
+    # reaped and its CPU time recorded in cpu.json before the study exits (the run resumes next time).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        run_study(args.spec, args.stage, args.dry_run, args.launch, args.finished)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 

@@ -335,15 +335,16 @@ class Study:
                                   env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
         except OSError as e:  # a launcher that is not installed
             raise StudyError(f"cannot start {self.launcher[0]!r} (--launch / MLRESEARCH_LAUNCH): {e.strerror}") from None
+        finally:  # a failed or interrupted run's CPU was spent too (subprocess.run reaps its process first)
+            if out.exists():
+                record = out / "cpu.json"
+                before = json.loads(record.read_text()) if record.exists() else {"cpu_seconds": 0.0, "wall_seconds": 0.0}
+                atomic_write_text(record, json.dumps({"cpu_seconds": before["cpu_seconds"] + cpu_seconds() - cpu,
+                                                      "wall_seconds": before["wall_seconds"] + time.perf_counter() - wall},
+                                                     indent=2) + "\n")
         if done.returncode:
             raise StudyError(f"mlresearch run {self.config.name} --method {method} {' '.join(_sets(sets))} --out {out} "
                              f"failed (exit {done.returncode}); run the study again to resume it")
-        if out.exists():
-            record = out / "cpu.json"
-            before = json.loads(record.read_text()) if record.exists() else {"cpu_seconds": 0.0, "wall_seconds": 0.0}
-            atomic_write_text(record, json.dumps({"cpu_seconds": before["cpu_seconds"] + cpu_seconds() - cpu,
-                                                  "wall_seconds": before["wall_seconds"] + time.perf_counter() - wall},
-                                                 indent=2) + "\n")
         return out
 
     # ----------------------------------------------------------------------------------- tuning

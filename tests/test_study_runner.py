@@ -27,6 +27,7 @@ def _spec(tmp_path, **changes):
                      "a1": {"method": "vcycle", "set": ["vcycle.alpha=1.0"]}},
             "best": {"among": ["paper", "a1"]}}
     spec.update(changes)
+    spec = {k: v for k, v in spec.items() if v is not None}  # a change of None leaves the key out
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(spec))
     return tmp_path / "study.yaml"
 
@@ -132,6 +133,33 @@ def test_study_tunes_on_the_tuning_split_runs_every_seed_and_resumes(tmp_path, c
     assert (runs / "tables" / "baseline_tuning.csv").read_bytes() == tuning_before
 
 
+def test_a_study_stopped_mid_run_records_the_cpu_time_its_run_took(tmp_path):
+    """Stopped with SIGTERM to its process group (how a study is stopped between sessions), the study
+    reaps the run it waits on and adds that run's CPU time to cpu.json; the run stays unfinished and
+    resumable. (Before, the time of every interrupted part was lost from the study's CPU-hours.)"""
+    import signal
+    import time
+
+    path = _spec(tmp_path, tuning={"seed": 0, "lr": [], "warmup": []}, runs={}, best=None)
+    config = yaml.safe_load((tmp_path / "smoke.yaml").read_text())
+    config["train"].update(steps=100000, checkpoint_every=1000)
+    (tmp_path / "smoke.yaml").write_text(yaml.safe_dump(config))
+    study = subprocess.Popen([sys.executable, "-m", "mlresearch.cli", "study", str(path)], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, TQDM_DISABLE="1"))
+    deadline = time.monotonic() + 300
+    while not (metrics := list((tmp_path / "runs").rglob("metrics.jsonl"))) or len(metrics[0].read_text().splitlines()) < 3:
+        assert study.poll() is None and time.monotonic() < deadline, study.stderr.read() if study.poll() else "slow"
+        time.sleep(0.2)
+    run = metrics[0].parent  # (the tuning stage's run of the preset: the study's first)
+    os.killpg(study.pid, signal.SIGTERM)
+    stderr = study.communicate(timeout=120)[1]
+    assert study.returncode == 130, stderr[-2000:]
+    assert not (run / "summary.json").exists()
+    recorded = json.loads((run / "cpu.json").read_text())
+    assert recorded["cpu_seconds"] > 0 and recorded["wall_seconds"] > 0
+
+
 def test_a_finished_run_with_another_configuration_is_not_reused(tmp_path, warm_launches):
     path = _spec(tmp_path, tuning={"seed": 0, "lr": [], "warmup": []}, runs={"paper": {"method": "vcycle"}},
                  best={"among": ["paper"]})
@@ -231,9 +259,6 @@ def test_the_frontier_and_regime_stages(tmp_path, warm_launches, capsys):
                        "small-width": {"method": "small", "equal_flops": True, "set": ["vcycle.scheme=width-only"]}},
                  best=None, frontier={"budgets": [0.5, 1.0], "small_budgets": [0.5, 1.0], "check_lr": [0.01]},
                  regime=True)
-    spec = yaml.safe_load(path.read_text())
-    del spec["best"]
-    path.write_text(yaml.safe_dump(spec))
     runs, home = tmp_path / "runs", tmp_path / "runs" / "gpt2_smoke-frontier"
     (runs / "tables").mkdir(parents=True)
     pd.DataFrame([{"experiment": "other", "seed": 0, "margin": 1.0}]).to_csv(runs / "tables" / "regime.csv", index=False)
