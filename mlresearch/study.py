@@ -52,6 +52,8 @@ PAPER_TABLE_EXPERIMENTS = {"Table 1 (BERT-Base)": "bert_mask40_15k", "Table 2 (G
 # Generated blocks of the README and docs/: <!-- NAME:start --> ... <!-- NAME:end -->, rewritten by
 # `mlresearch table --docs FILE...`; tests/test_docs.py fails when one is stale.
 BLOCKS = ("answer", "results", "methods", "frontiers")
+# ... and one per study experiment: its every variant seed by seed (seeds_markdown).
+SEEDS_BLOCK = "seeds_{experiment}"
 # What tells one variant of an experiment from another: the rows of variants() and the answer table.
 VARIANT_KEYS = ["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget"]
 
@@ -72,6 +74,12 @@ def _downstream(record: RunRecord) -> float | None:
     if task_of(record.task).accuracy:
         return record.test["test_acc"]
     return None
+
+
+def _transfer(record: RunRecord) -> float | None:
+    """The run's transfer probe accuracy (``downstream.json``'s ``transfer_accuracy``: image tasks), or None."""
+    path = record.run / "downstream.json"
+    return json.loads(path.read_text()).get("transfer_accuracy") if path.exists() else None
 
 
 def step_times(results: Path) -> dict:
@@ -154,7 +162,7 @@ def _collect(results: Path) -> pd.DataFrame:
             c = None
         row = {"experiment": r.experiment, "method": r.method, "task": r.task, "run": r.run.name, "seed": r.seed,
                **r.variant, "smallest_shape": r.smallest_shape, "method_full_val_loss": r.val_loss, "method_test": next(iter(r.test.values())),
-               "method_downstream": _downstream(r)}
+               "method_downstream": _downstream(r), "method_transfer": _transfer(r)}
         if c is None:
             rows.append({**row, "nonfinite_loss": 1, "reached": False})
             continue
@@ -173,7 +181,7 @@ def _collect(results: Path) -> pd.DataFrame:
                     "flops_saving_at_final_pct": c.get("flops_saving_at_final_pct"),
                     "wall_saving_pct": c.get("wall_saving_pct"),
                     "final_val_loss_gap": c["method_final_val_loss"] - c["target_val_loss"],
-                    "baseline_downstream": _downstream(base),
+                    "baseline_downstream": _downstream(base), "baseline_transfer": _transfer(base),
                     "reached_acc": c.get("reached_acc"), "acc_flops_saving_pct": c.get("acc_flops_saving_pct")})
         if times:
             if base.run not in baseline_walls:  # the baseline's modelled time to its own final loss, once
@@ -318,6 +326,49 @@ def answer(table: pd.DataFrame) -> str:
             "".join("| " + " | ".join(row) + " |\n" for row in rows))
 
 
+def _seed_cell(task: str, loss: float, downstream: float, transfer: float) -> str:
+    """"validation loss; downstream; transfer" of one run (an accuracy as a percentage)."""
+    parts = [f"{loss:.3f}"]
+    for value, accuracy in ((downstream, task_of(task).accuracy), (transfer, True)):
+        if not pd.isna(value):
+            parts.append(f"{100 * value:.1f}%" if accuracy else _downstream_number(task, value))
+    return "; ".join(parts)
+
+
+def seeds_markdown(runs: pd.DataFrame, experiment: str, labels: dict[str, str] | None = None) -> str:
+    """One study experiment's every variant seed by seed, the 1.0x baseline first, then the headline
+    rows (``labels``: run directory -> label, :meth:`mlresearch.study_runner.Study.headline_runs`),
+    then the rest: each cell the run's final validation loss, its downstream number and, for an
+    image task, its transfer probe accuracy. The spread a mean ± sd hides (one seed leaving a
+    plateau late) is what this table shows."""
+    labels = labels or {}
+    mine = runs[runs.experiment == experiment] if len(runs) else runs
+    if mine.empty:
+        return f"_No runs of {experiment} in results/ yet._\n"
+    mine = mine.assign(method_transfer=mine.get("method_transfer", math.nan),
+                       baseline_transfer=mine.get("baseline_transfer", math.nan))
+    task, seeds = mine.task.iloc[0], sorted(int(s) for s in mine.seed.unique())
+    cells: dict[int, str] = {}
+    for seed, rows in mine.groupby("seed"):
+        base = rows.dropna(subset=["baseline_full_val_loss"])
+        if len(base):
+            b = base.iloc[0]
+            cells[int(seed)] = _seed_cell(task, b.baseline_full_val_loss, b.baseline_downstream, b.baseline_transfer)
+    body = [(0, "", ["baseline 1.0x", "1.00", *[cells.get(s, "-") for s in seeds]])]
+    for _, rows in mine.groupby(VARIANT_KEYS, dropna=False, sort=False):
+        first = rows.iloc[0]
+        label = next((labels[r] for r in rows.run if labels.get(r)), "")
+        name = variant_name(first) + (f" ({label})" if label else "")
+        ratio = (rows.method_total_flops / rows.baseline_total_flops).mean()
+        by_seed = {int(r.seed): _seed_cell(task, r.method_full_val_loss, r.method_downstream, r.method_transfer)
+                   for r in rows.itertuples(index=False)}
+        body.append((1 if any(r in labels for r in rows.run) else 2, name,
+                     [name, "-" if pd.isna(ratio) else f"{ratio:.2f}", *[by_seed.get(s, "-") for s in seeds]]))
+    head = ["run", "FLOPs / 1.0x", *[f"seed {s}" for s in seeds]]
+    return ("| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n" +
+            "".join("| " + " | ".join(row) + " |\n" for _, _, row in sorted(body, key=lambda b: b[:2])))
+
+
 def generated_blocks(runs: pd.DataFrame, headline: dict[str, dict[str, str]] | None = None,
                      points: pd.DataFrame | None = None) -> dict[str, str]:
     """The text of every generated block, from :func:`collect`'s rows, the headline run
@@ -336,6 +387,8 @@ def generated_blocks(runs: pd.DataFrame, headline: dict[str, dict[str, str]] | N
             table = table.merge(named.groupby(VARIANT_KEYS, dropna=False)["label"].first().reset_index(),
                                 on=VARIANT_KEYS, how="left")
         blocks["answer"] = answer(table)
+        for experiment, labels in headline.items():
+            blocks[SEEDS_BLOCK.format(experiment=experiment)] = seeds_markdown(runs, experiment, labels)
     return blocks
 
 

@@ -1,6 +1,6 @@
-"""The README and docs/ as a reader meets them: generated blocks equal what results/ gives now,
-every link and image resolves inside the repository, the README stays short, and a number its
-prose quotes is one the generated answer shows."""
+"""The README and docs/ as a reader meets them: generated blocks equal what results/ gives now
+(and each run's own files), every link and image resolves inside the repository, the README stays
+short, and a number its prose quotes is one the generated answer shows."""
 
 from __future__ import annotations
 
@@ -25,19 +25,43 @@ def blocks():
 
 
 def test_every_generated_block_is_what_results_gives_now(blocks):
-    from mlresearch.study import BLOCKS, block_text
+    from mlresearch.study import block_text
 
     seen = []
     for page in PAGES:
         body = page.read_text()
-        for name in BLOCKS:
-            text = block_text(body, name)
-            if text is not None:
-                seen.append((page.name, name))
-                assert text == blocks[name], (f"{page.relative_to(REPO)}: block {name!r} is stale; run "
-                                              "`mlresearch table --docs README.md docs/results.md`")
+        for name in re.findall(r"<!-- (\w+):start -->", body):  # every marker a page has, so none is left behind
+            assert name in blocks, f"{page.relative_to(REPO)}: block {name!r} is not one `mlresearch table` writes"
+            seen.append((page.name, name))
+            assert block_text(body, name) == blocks[name], (f"{page.relative_to(REPO)}: block {name!r} is stale; run "
+                                                            "`mlresearch table --docs README.md docs/results.md`")
     assert {("README.md", "answer"), ("README.md", "methods"), ("results.md", "results"),
-            ("results.md", "frontiers")} <= set(seen), seen
+            ("results.md", "frontiers"), ("results.md", "seeds_deit_fractals_2l_12k")} <= set(seen), seen
+
+
+def test_the_seed_by_seed_table_shows_each_runs_own_files(blocks):
+    """Every cell of the DeiT study's seed-by-seed block is what that run's summary.json and
+    downstream.json say (read here directly, not through collect), in the row of its variant."""
+    import json
+
+    experiment = "deit_fractals_2l_12k"
+    rows = {}
+    for line in blocks[f"seeds_{experiment}"].splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[2:]
+    assert len(rows) >= 10 and list(rows)[0] == "baseline 1.0x"
+    checked = 0
+    for run in sorted((REPO / "results" / experiment).glob("*-seed*/summary.json")):
+        summary = json.loads(run.read_text())
+        down = json.loads((run.parent / "downstream.json").read_text())
+        cell = (f"{summary['final_full_val']['val_loss']:.3f}; {100 * down['accuracy']:.1f}%; "
+                f"{100 * down['transfer_accuracy']:.1f}%")
+        column = summary["seed"]
+        assert any(cells[column] == cell for cells in rows.values()), (run.parent.name, cell)
+        if summary["kind"] == "baseline":
+            assert rows["baseline 1.0x"][column] == cell
+        checked += 1
+    assert checked >= 25
 
 
 def _prose(body: str) -> list[str]:
