@@ -10,8 +10,12 @@ FLOPs, its final validation loss on the full split), and one seed's points make 
 For a method's run ending (annealed) at loss ``L_m`` after ``C_m`` FLOPs, on the same seed:
 
 - ``C_base(L_m)``: the frontier's FLOPs to reach ``L_m``, read by monotone interpolation in log FLOPs
-  between its points (the frontier is first made non-increasing: with more compute the baseline can
-  always do at least as well as with less, so a point above an earlier one is replaced by it);
+  between its points. A point that ends no lower than a smaller budget's is not a point of the
+  frontier: with more compute the baseline can always do at least as well (stop where the smaller
+  budget did), so such a run was mistuned for its length (its LR, tuned at another budget) and says
+  nothing of what its budget reaches. Dropping it, rather than flattening the frontier out to it,
+  never lends a method a saving: in between, the frontier comes down no later than a flat stretch
+  would, and past the best point nothing is claimed (see the bounds below);
 - **saved** = ``1 - C_m / C_base(L_m)`` (negative: the method spent more for the same loss);
 - **speedup** = ``C_base(L_m) / C_m - 1`` (what papers such as G_stack's report: a 54.6% speedup
   is a 35% saving);
@@ -19,9 +23,10 @@ For a method's run ending (annealed) at loss ``L_m`` after ``C_m`` FLOPs, on the
 
 A loss or a budget outside the frontier's points is reported as such (``below``/``above`` the
 frontier's range), never extrapolated. For a loss outside it the saving is still bounded, by the same
-premise that makes the frontier non-increasing (more compute never has to do worse): a loss below the
-largest budget's needs more than that budget, so the run saved *more* than ``1 - C_m / C_max``; one
-above the smallest budget's needs less than it, so the run saved *less* than ``1 - C_m / C_min``.
+premise that makes the frontier decreasing (more compute never has to do worse): a loss below the
+frontier's best point needs more than that point's budget ``C_max`` (the largest budget that did
+better than every smaller one), so the run saved *more* than ``1 - C_m / C_max``; one above the
+smallest budget's needs less than it, so the run saved *less* than ``1 - C_m / C_min``.
 Tables state that bound for the seeds outside the range, never a point value.
 """
 
@@ -64,17 +69,26 @@ def frontier_row(run: str | Path, root: str | Path, budget: float) -> dict:
             "copied_from": provenance.get("copied_from"), "git_commit": provenance.get("git_commit")}
 
 
+def dominated(losses: list[float]) -> list[bool]:
+    """For one seed's points in order of FLOPs: which end no lower than some cheaper point."""
+    best, out = math.inf, []
+    for v in losses:
+        out.append(v >= best)
+        best = min(best, v)
+    return out
+
+
 @dataclass(frozen=True)
 class Frontier:
-    """One seed's annealed end points, as (FLOPs, loss), non-increasing in loss."""
+    """One seed's annealed end points, as (FLOPs, loss), decreasing in loss."""
 
     flops: tuple[float, ...]
     loss: tuple[float, ...]
 
     @classmethod
     def of(cls, points) -> "Frontier":
-        """From (FLOPs, loss) pairs in any order; a point worse than one with less compute is
-        replaced by that one's loss (the frontier is the best loss reachable at each budget)."""
+        """From (FLOPs, loss) pairs in any order; a point no better than one with less compute is
+        dropped (:func:`dominated`: mistuned for its length, not what its budget reaches)."""
         points = sorted((float(c), float(v)) for c, v in points)
         if len(points) < 2:
             raise FrontierError(f"a frontier needs at least two budgets, got {len(points)}")
@@ -82,15 +96,12 @@ class Frontier:
             raise FrontierError(f"frontier points must have positive finite FLOPs and finite losses, got {points}")
         if len({c for c, _ in points}) != len(points):
             raise FrontierError(f"two frontier points share a budget: {points}")
-        best, loss = math.inf, []
-        for _, v in points:
-            best = min(best, v)
-            loss.append(best)
-        return cls(tuple(c for c, _ in points), tuple(loss))
+        kept = [p for p, off in zip(points, dominated([v for _, v in points])) if not off]
+        return cls(tuple(c for c, _ in kept), tuple(v for _, v in kept))
 
     def flops_to(self, loss: float) -> tuple[float | None, str]:
         """(FLOPs at which the frontier comes down to ``loss``, "in range"), or (None, "below") for
-        a loss better than its largest budget reached, (None, "above") for one worse than its
+        a loss better than its best point's, (None, "above") for one worse than its
         smallest budget's."""
         if loss > self.loss[0]:
             return None, "above"
@@ -126,8 +137,8 @@ class Frontier:
         """A run ending at ``loss`` after ``flops`` against this frontier: saved, speedup, loss gap
         at equal FLOPs, each None where the frontier does not reach (with why). Where the loss is
         outside its range, ``saved_bound`` and ``speedup_bound`` bound them instead: from below for a
-        loss below the range (the baseline needs more than its largest budget), from above for one
-        above it (less than its smallest)."""
+        loss below the range (the baseline needs more than its best point's budget), from above for
+        one above it (less than its smallest)."""
         base, reach = self.flops_to(loss)
         at, budget = self.loss_at(flops)
         edge = {"below": self.flops[-1], "above": self.flops[0]}.get(reach)
@@ -239,20 +250,29 @@ def spread_cell(values, ranges, digits: int = 1, bounds=None) -> str:
 def points_markdown(points: pd.DataFrame) -> str:
     """Every experiment's frontier points as tables, a row per seed: the final validation loss of the
     baseline at each budget, then of each small shape alone (a study can have several; each column
-    names its shape). The docs quote these, so they are generated, never typed."""
-    rows = points[points.role == "frontier"] if len(points) else points
+    names its shape); a point that is not on its frontier (:func:`dominated`) is starred. The docs
+    quote these, so they are generated, never typed."""
+    rows = (points[points.role == "frontier"] if len(points) else points).reset_index(drop=True)
     if rows.empty:
         return "_No frontier points in results/tables/frontier.csv yet._\n"
     shapes = rows["shape"].fillna("").astype(str) if "shape" in rows else pd.Series("", index=rows.index)
     rows = rows.assign(column=[f"{m} {s} {b:g}x".replace("  ", " ") if m == "small" else f"{m} {b:g}x"
                                for m, s, b in zip(rows.method, shapes, rows.budget)],
-                       order=[(m != "baseline", s, b) for m, s, b in zip(rows.method, shapes, rows.budget)])
+                       order=[(m != "baseline", s, b) for m, s, b in zip(rows.method, shapes, rows.budget)],
+                       line=shapes.values)
+    off = set()
+    for _, g in rows.groupby(["experiment", "seed", "method", "line"]):
+        g = g.sort_values("budget")  # (a fraction of the baseline's FLOPs, for the small shapes too)
+        off |= {i for i, d in zip(g.index, dominated(list(g.val_loss))) if d}
+    rows = rows.assign(cell=[f"{v:.3f}" + ("*" if i in off else "") for i, v in zip(rows.index, rows.val_loss)])
     out = []
     for experiment, g in rows.groupby("experiment", sort=True):
         columns = [c for _, c in sorted({(o, c) for o, c in zip(g.order, g.column)})]
-        cells = {(int(s), c): f"{v:.3f}" for s, c, v in zip(g.seed, g.column, g.val_loss)}
+        cells = {(int(s), c): v for s, c, v in zip(g.seed, g.column, g.cell)}
         seeds = sorted({int(s) for s in g.seed})
         out.append(f"**{experiment}** (final validation loss)\n\n| seed | " + " | ".join(columns) + " |\n|" +
                    "---|" * (len(columns) + 1) + "\n" +
-                   "".join(f"| {s} | " + " | ".join(cells.get((s, c), "-") for c in columns) + " |\n" for s in seeds))
+                   "".join(f"| {s} | " + " | ".join(cells.get((s, c), "-") for c in columns) + " |\n" for s in seeds) +
+                   ("\n\\* ends no lower than a smaller budget of its seed: not a point of the frontier (mistuned for "
+                    "its length, not what the budget reaches)\n" if any(i in off for i in g.index) else ""))
     return "\n".join(out)

@@ -13,8 +13,11 @@ time, resumable (a finished run is skipped, a killed one resumes), choices made 
 3. **The baseline frontier** (``frontier`` in the spec): the baseline trained for each of
    ``budgets`` (fractions of its steps) and the small shape alone for each of ``small_budgets``
    (fractions of the baseline's FLOPs), each run with its LR schedule fully decayed at its own end,
-   on every seed; at the lowest budget the baseline also at each of ``check_lr`` on the tuning seed
-   (is the frontier's low end handicapped by an LR tuned for the full budget?). A point the study
+   on every seed. At a budget ``check_lr`` names (a list: the lowest budget), the baseline also runs at
+   each of its LRs on the tuning seed first, and the LR with the lowest tuning loss (the tuned one
+   among them; it wins ties) trains that budget on every seed: an LR tuned for the full budget may
+   handicap a shorter or longer one, and a frontier point trained with it would flatter every method
+   read against it. A point the study
    already has (the 1.0x baseline, the small control at equal FLOPs) is copied, not retrained. Runs
    land in ``<root>/<experiment>-frontier/``; the points (one row per run) go to
    ``<root>/tables/frontier.csv``, which the saving at matched loss reads (:mod:`mlresearch.frontier`).
@@ -132,16 +135,26 @@ def load_study(path: str | Path) -> dict:
         if not isinstance(frontier, dict) or set(frontier) - FRONTIER_KEYS or "budgets" not in frontier:
             raise bad(f"frontier must be a mapping with budgets and optionally small_budgets, check_lr, got {frontier!r}")
         frontier.setdefault("small_budgets", [])
-        frontier.setdefault("check_lr", [])
-        for key, least in (("budgets", 2), ("small_budgets", 0), ("check_lr", 0)):
-            value = frontier[key]
+
+        def numbers(value, key: str, least: int = 0) -> None:
             if not isinstance(value, list) or len(value) < least or len(set(value)) != len(value) or not all(
                     isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in value):
                 raise bad(f"frontier.{key} must be a list of distinct positive numbers"
                           + (f" (at least {least}: a frontier is read between its points)" if least else "")
                           + f", got {value!r}")
+
+        numbers(frontier["budgets"], "budgets", 2)
+        numbers(frontier["small_budgets"], "small_budgets")
         if frontier["small_budgets"] and len(frontier["small_budgets"]) < 2:
             raise bad("frontier.small_budgets needs at least 2 budgets (or none)")
+        checks = frontier.get("check_lr", [])  # a list: LRs to check at the lowest budget
+        checks = {min(frontier["budgets"]): checks} if isinstance(checks, list) else checks
+        if not isinstance(checks, dict) or set(checks) - set(frontier["budgets"]):
+            raise bad("frontier.check_lr must be a list of LRs (checked at the lowest budget) or a mapping "
+                      f"budget -> LRs, each budget one of frontier.budgets {frontier['budgets']}, got {checks!r}")
+        for budget, lrs in checks.items():
+            numbers(lrs, f"check_lr at {budget:g}x")
+        frontier["check_lr"] = {b: lrs for b, lrs in checks.items() if lrs}
     return spec
 
 
@@ -448,22 +461,48 @@ class Study:
         tmp.rename(out)
 
     # --------------------------------------------------------------------------------- frontier
+    def _baseline_point(self, budget: float, lr: float, seed: int) -> tuple[Path, list[str]]:
+        """The directory and overrides of the baseline's frontier run at ``budget`` with peak ``lr``."""
+        tuned, warmup = self.baseline
+        steps = max(1, round(budget * load_config(self.config, [f"seed={seed}"]).train.steps))
+        name = f"baseline-x{budget:g}-seed{seed}" if lr == tuned else f"baseline-x{budget:g}-lr{lr:g}-seed{seed}"
+        return (self.root / f"{self.experiment}-frontier" / name,
+                [f"seed={seed}", f"train.steps={steps}", f"train.lr={lr}", f"train.warmup={min(warmup, steps)}"])
+
+    def budget_lr(self, budget: float) -> float | None:
+        """The peak LR the baseline trains ``budget`` with on every seed: the tuned one, or at a budget
+        ``check_lr`` names, the candidate (the tuned LR first, so it wins ties) with the lowest
+        tuning loss on the tuning seed; None until every candidate there has finished."""
+        tuned = self.baseline[0]
+        candidates = [tuned, *(x for x in self.spec["frontier"]["check_lr"].get(budget, []) if x != tuned)]
+        if len(candidates) == 1:
+            return tuned
+        runs = {lr: self._baseline_point(budget, lr, self.spec["tuning"]["seed"])[0] for lr in candidates}
+        if not all(finished(run) for run in runs.values()):
+            return None
+        return min(candidates, key=lambda lr: tuning_loss(runs[lr]))
+
     def frontier_points(self) -> list[tuple[Path, str, list[str], float, str]]:
         """(directory, method, overrides, budget, role) of every frontier run, in the order they run:
-        the baseline's budgets on every seed, then each small-model control's (``controls``: the
-        regime check's first; role "frontier"), then the LR
-        check (role "lr check": judged on the tuning split, never a point of the frontier), so a
-        study stopped part-way has the baseline's frontier on every seed first."""
-        f, (lr, warmup) = self.spec["frontier"], self.baseline
+        the baseline's budgets on every seed (at a checked budget, each candidate LR on the tuning
+        seed first, role "lr check" for those not chosen; on the other seeds the chosen LR, role
+        "pending" until the choice is made), then each small-model control's (``controls``: the
+        regime check's first; role "frontier"), so a study stopped part-way has the baseline's
+        frontier on every seed first."""
+        f, tuned = self.spec["frontier"], self.baseline[0]
         home = self.root / f"{self.experiment}-frontier"
+        tuning_seed = self.spec["tuning"]["seed"]
+        chosen = {budget: self.budget_lr(budget) for budget in f["budgets"]}
         points = []
-        for seed in self.spec["seeds"]:
-            cfg = load_config(self.config, [f"seed={seed}"])
+        for seed in sorted(self.spec["seeds"], key=lambda s: s != tuning_seed):  # the checks first
             for budget in f["budgets"]:
-                steps = max(1, round(budget * cfg.train.steps))
-                points.append((home / f"baseline-x{budget:g}-seed{seed}", "baseline",
-                               [f"seed={seed}", f"train.steps={steps}", f"train.lr={lr}",
-                                f"train.warmup={min(warmup, steps)}"], budget, "frontier"))
+                lrs = [tuned, *(x for x in f["check_lr"].get(budget, []) if x != tuned)] if seed == tuning_seed \
+                    else [tuned if chosen[budget] is None else chosen[budget]]
+                for lr in lrs:
+                    role = ("pending" if seed != tuning_seed else "frontier" if lr == tuned else "lr check") \
+                        if chosen[budget] is None else "frontier" if lr == chosen[budget] else "lr check"
+                    out, sets = self._baseline_point(budget, lr, seed)
+                    points.append((out, "baseline", sets, budget, role))
         for name in controls(self.spec):  # the regime check's control first
             for seed in self.spec["seeds"]:
                 sets = [f"seed={seed}", *self.spec["runs"][name].get("set", [])]
@@ -472,13 +511,6 @@ class Study:
                     steps, small_warmup = equal_flops_steps(cfg, budget)
                     points.append((home / f"{name}-x{budget:g}-seed{seed}", "small",
                                    [*sets, f"train.steps={steps}", f"train.warmup={small_warmup}"], budget, "frontier"))
-        seed, budget = self.spec["tuning"]["seed"], min(f["budgets"])
-        steps = max(1, round(budget * load_config(self.config).train.steps))
-        for other in f["check_lr"]:
-            if other != lr:
-                points.append((home / f"baseline-x{budget:g}-lr{other:g}-seed{seed}", "baseline",
-                               [f"seed={seed}", f"train.steps={steps}", f"train.lr={other}",
-                                f"train.warmup={min(warmup, steps)}"], budget, "lr check"))
         return points
 
     def _same_run(self, method: str, cfg) -> Path | None:
@@ -491,9 +523,21 @@ class Study:
         return None
 
     def frontier(self) -> list[tuple[Path, float, str]]:
-        """Train (or copy) every frontier point; returns (directory, budget, role) of each."""
-        done = []
+        """Train (or copy) every frontier point; returns (directory, budget, role) of each. The points
+        that wait for an LR check's choice run in a second pass, once the check has."""
+        done, pending = self._frontier_pass()
+        if pending and not (self.dry_run or self.finished_only):
+            done, _ = self._frontier_pass()
+        return done
+
+    def _frontier_pass(self) -> tuple[list[tuple[Path, float, str]], bool]:
+        done, pending = [], False
         for out, method, sets, budget, role in self.frontier_points():
+            if role == "pending":
+                pending = True
+                if self.dry_run or self.finished_only:
+                    print(f"[{'pending':8}] {out}  <- baseline at {budget:g}x with the LR its check chooses")
+                continue
             cfg = load_config(self.config, sets)
             same = None if out.exists() else self._same_run(method, cfg)
             if same is not None and not self.dry_run:
@@ -506,7 +550,7 @@ class Study:
                 raise StudyError(f"{out} is finished with another configuration (differs in {', '.join(changed)}); "
                                  "move it away and run the study again")
             done.append((self.launch(out, method, sets), budget, role))
-        return done
+        return done, pending
 
     def write_frontier(self, runs: list[tuple[Path, float, str]]) -> Path | None:
         """``<root>/tables/frontier.csv``: one row per finished frontier run (this experiment's rows

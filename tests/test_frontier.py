@@ -61,13 +61,23 @@ def test_a_budget_rounded_to_whole_steps_is_read_at_the_end_point_it_rounds():
     assert f.saving(1.01e12, 3.5)["flops_range"] == "above" and f.saving(0.39e12, 3.7)["flops_range"] == "below"
 
 
-def test_a_noisy_point_is_replaced_by_the_better_smaller_budget():
-    """A larger budget ending above a smaller one (seed noise) does not bend the frontier back up:
-    with more compute the baseline can do at least as well (train the smaller budget)."""
+def test_a_point_no_better_than_a_smaller_budget_is_not_on_the_frontier():
+    """A larger budget ending no lower than a smaller one (its LR mistuned for its length) is dropped:
+    the frontier neither bends back up nor stays flat out to it, and a loss below the best point is
+    bounded by the best point's budget, not the dropped one's."""
     f = Frontier.of([(1e12, 3.0), (2e12, 3.1), (4e12, 2.8)])
-    assert f.loss == (3.0, 3.0, 2.8)
-    assert f.flops_to(3.0) == (1e12, "in range")
-    assert all(a >= b for a, b in zip(f.loss, f.loss[1:]))
+    assert f.flops == (1e12, 4e12) and f.loss == (3.0, 2.8)
+    assert f.flops_to(2.9) == (pytest.approx(2e12), "in range")  # halfway in log FLOPs from 1e12 to 4e12
+    # flattened out to 2e12 instead, the frontier would need more FLOPs for 2.9 and lend a run a saving
+    assert f.saving(1.5e12, 2.9)["saved"] == pytest.approx(0.25)
+    late = Frontier.of([(1e12, 3.0), (2e12, 2.5), (3e12, 2.6)])
+    assert late.flops == (1e12, 2e12)
+    s = late.saving(2.5e12, 2.4)
+    assert s["loss_range"] == "below" and s["saved_bound"] == pytest.approx(1 - 2.5 / 2)
+    assert s["flops_range"] == "above" and s["loss_gap"] is None  # past the best point: nothing read
+    alone = Frontier.of([(1e12, 3.0), (2e12, 3.0)])  # a tie is no better: one point left
+    assert alone.flops == (1e12,) and alone.flops_to(3.0) == (1e12, "in range")
+    assert alone.saving(1e12, 2.9)["saved_bound"] == pytest.approx(0.0)
 
 
 @pytest.mark.parametrize("points", [[(1e12, 3.0)], [(1e12, 3.0), (1e12, 2.9)], [(1e12, 3.0), (0, 2.9)],
@@ -195,5 +205,14 @@ def test_the_docs_frontier_table_is_every_point_where_its_seed_and_column_say():
                                              "small 2L/64d/2h 1x"]
     assert [[c.strip() for c in line] for line in lines[1:]] == [["0", "3.600", "3.250", "3.900", "-"],
                                                                  ["1", "3.700", "3.300", "-", "3.050"]]
-    assert "9.000" not in text and "| 0 | 2.500 |" in f
+    assert "9.000" not in text and "| 0 | 2.500 |" in f and "* |" not in text
     assert points_markdown(points.iloc[:0]).startswith("_No frontier points")
+    # a budget ending no lower than a smaller one of its seed and line is starred, with the note; a
+    # small shape's point is judged against its own shape's, not the baseline's
+    worse = pd.concat([points, pd.DataFrame([
+        {"experiment": "e", "method": "baseline", "shape": "", "seed": 0, "budget": 1.5, "val_loss": 3.4,
+         "role": "frontier"},
+        {"experiment": "e", "method": "small", "shape": "2L/64d/2h", "seed": 1, "budget": 0.5, "val_loss": 3.5,
+         "role": "frontier"}])])
+    e = points_markdown(worse).split("**f**")[0]
+    assert "| 0 | 3.600 | 3.250 | 3.400* |" in e and "3.050 |" in e and "3.500 |" in e and "not a point of the frontier" in e
