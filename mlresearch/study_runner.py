@@ -523,19 +523,18 @@ class Study:
         return None
 
     def frontier(self) -> list[tuple[Path, float, str]]:
-        """Train (or copy) every frontier point; returns (directory, budget, role) of each. The points
-        that wait for an LR check's choice run in a second pass, once the check has."""
-        done, pending = self._frontier_pass()
-        if pending and not (self.dry_run or self.finished_only):
-            done, _ = self._frontier_pass()
-        return done
+        """Train (or copy) every frontier point; returns (directory, budget, role) of each. Where a
+        point waits for an LR check's choice, the baseline's other points (the checks among them)
+        run first, then every point in order, the waiting ones with the LR chosen."""
+        if not (self.dry_run or self.finished_only) and any(p[4] == "pending" for p in self.frontier_points()):
+            self._frontier_pass(baseline_only=True)
+        return self._frontier_pass()
 
-    def _frontier_pass(self) -> tuple[list[tuple[Path, float, str]], bool]:
-        done, pending = [], False
+    def _frontier_pass(self, baseline_only: bool = False) -> list[tuple[Path, float, str]]:
+        done = []
         for out, method, sets, budget, role in self.frontier_points():
-            if role == "pending":
-                pending = True
-                if self.dry_run or self.finished_only:
+            if role == "pending" or (baseline_only and method != "baseline"):
+                if role == "pending" and (self.dry_run or self.finished_only):
                     print(f"[{'pending':8}] {out}  <- baseline at {budget:g}x with the LR its check chooses")
                 continue
             cfg = load_config(self.config, sets)
@@ -550,7 +549,7 @@ class Study:
                 raise StudyError(f"{out} is finished with another configuration (differs in {', '.join(changed)}); "
                                  "move it away and run the study again")
             done.append((self.launch(out, method, sets), budget, role))
-        return done, pending
+        return done
 
     def write_frontier(self, runs: list[tuple[Path, float, str]]) -> Path | None:
         """``<root>/tables/frontier.csv``: one row per finished frontier run (this experiment's rows

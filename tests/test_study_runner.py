@@ -350,33 +350,38 @@ def test_an_lr_check_at_a_budget_chooses_that_budgets_lr_on_every_seed(tmp_path,
     """``check_lr: {1.0: [X]}``: on the tuning seed the 1.0x baseline runs at the tuned LR and at X
     first; the one with the lower tuning loss (here X, by a stubbed tuning loss: which LR wins a 6-step
     run is not the point) is that budget's frontier point on the tuning seed and the LR the other seeds
-    train it with; the loser stays an "lr check" row; the other budgets keep the tuned LR. Before the
-    check has run, a dry run lists the other seeds' point as pending."""
+    train it with; the loser stays an "lr check" row; the other budgets keep the tuned LR; the waiting
+    points train before the small-model control's frontier. Before the check has run, a dry run lists
+    the other seeds' point as pending."""
     from mlresearch import study_runner
 
     checked = 0.0042
     path = _spec(tmp_path, seeds=[0, 1], tuning={"seed": 0, "lr": [], "warmup": []},
-                 runs={"paper": {"method": "vcycle", "main": True}}, best=None,
-                 frontier={"budgets": [0.5, 1.0], "check_lr": {1.0: [checked]}})
+                 runs={"small": {"method": "small", "equal_flops": True, "main": True}}, best=None,
+                 frontier={"budgets": [0.5, 1.0], "small_budgets": [0.5, 1.0], "check_lr": {1.0: [checked]}})
     runs, home = tmp_path / "runs", tmp_path / "runs" / "gpt2_smoke-frontier"
     run_study(path, "frontier", dry_run=True)
     listed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
-    assert [line.split("]", 1)[1].split()[0].rsplit("/", 1)[1] for line in listed] == [
+    assert [line.split("]", 1)[1].split()[0].rsplit("/", 1)[1] for line in listed][:5] == [
         "baseline-x0.5-seed0", "baseline-x1-seed0", f"baseline-x1-lr{checked:g}-seed0", "baseline-x0.5-seed1",
         "baseline-x1-seed1"]
-    assert listed[-1].startswith("[pending ]") and not any(line.startswith("[pending") for line in listed[:-1])
+    assert [line.startswith("[pending ]") for line in listed] == [False] * 4 + [True] + [False] * 4
 
     monkeypatch.setattr(study_runner, "tuning_loss", lambda run: 1.0 if yaml.safe_load(
         (run / "config.yaml").read_text())["train"]["lr"] == checked else 2.0)
     run_study(path, "frontier")
     points = pd.read_csv(runs / "tables" / "frontier.csv").set_index("run")
     tuned = yaml.safe_load((tmp_path / "smoke.yaml").read_text())["train"]["lr"]
-    assert points.role.to_dict() == {
+    baseline = points[points.method == "baseline"]
+    assert baseline.role.to_dict() == {
         "gpt2_smoke-frontier/baseline-x0.5-seed0": "frontier", "gpt2_smoke-frontier/baseline-x1-seed0": "lr check",
         f"gpt2_smoke-frontier/baseline-x1-lr{checked:g}-seed0": "frontier",
         "gpt2_smoke-frontier/baseline-x0.5-seed1": "frontier", f"gpt2_smoke-frontier/baseline-x1-lr{checked:g}-seed1": "frontier"}
-    assert points.lr.to_dict() == {run: checked if "-lr" in run else tuned for run in points.index}
+    assert baseline.lr.to_dict() == {run: checked if "-lr" in run else tuned for run in baseline.index}
     assert not (home / "baseline-x1-seed1").exists()  # the tuned LR lost the check: never trained on seed 1
+    finished_at = {run: (runs / run / "summary.json").stat().st_mtime_ns for run in points.index}
+    assert finished_at[f"gpt2_smoke-frontier/baseline-x1-lr{checked:g}-seed1"] < min(
+        t for run, t in finished_at.items() if "/small-" in run)  # the waiting point before the controls
     with pytest.raises(StudyError, match="each budget one of frontier.budgets"):
         load_study(_spec(tmp_path, frontier={"budgets": [0.5, 1.0], "check_lr": {1.5: [0.01]}}))
 
