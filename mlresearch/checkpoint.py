@@ -10,6 +10,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -259,6 +260,10 @@ def parse_yaml(text: str):
             raise yaml.constructor.ConstructorError(None, None, str(exc), node.start_mark) from None
 
     Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    # YAML 1.1 (PyYAML) reads a float only with a dot: "1e-4" would be the string '1e-4', and
+    # `--set train.lr=1e-4` a refused LR. Read it as YAML 1.2 does, a float.
+    Strict.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                                 list("-+0123456789"))
     loader = Strict(text)  # a SafeLoader: python/object tags are refused, as by yaml.safe_load
     try:
         return loader.get_single_data()

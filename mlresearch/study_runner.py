@@ -528,7 +528,11 @@ class Study:
         run first, then every point in order, the waiting ones with the LR chosen."""
         if not (self.dry_run or self.finished_only) and any(p[4] == "pending" for p in self.frontier_points()):
             self._frontier_pass(baseline_only=True)
-        return self._frontier_pass()
+        done = self._frontier_pass()
+        if self.dry_run:
+            return done
+        return [(out, budget, role) for out, _, _, budget, role in self.frontier_points()  # the roles as the
+                if role != "pending"]                                                      # checks now decide
 
     def _frontier_pass(self, baseline_only: bool = False) -> list[tuple[Path, float, str]]:
         done = []

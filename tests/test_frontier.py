@@ -183,6 +183,12 @@ def test_the_frontier_figure_draws_each_small_shape_alone_as_its_own_curve():
     drawn = {line.get_label().split(" alone")[0]: list(line.get_ydata()) for line in fig.axes[0].get_lines()
              if line.get_label().startswith("small")}
     assert drawn == {"small shape 1L/64d/2h": [3.9, 3.8], "small shape 2L/64d/2h": [3.0]}
+    # a budget with fewer seeds so far (one still running) is said in the curve's label
+    more = pd.concat([base, base.assign(seed=1)[base.budget < 1.0]])
+    labels = [line.get_label() for line in frontier_figure(more, runs, "e").axes[0].get_lines()]
+    assert any(label.startswith("baseline") and label.endswith("(1-2 seeds by budget)") for label in labels), labels
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert any(label.startswith("baseline") and label.endswith("(1 seed)") for label in labels), labels
 
 
 def test_the_docs_frontier_table_is_every_point_where_its_seed_and_column_say():

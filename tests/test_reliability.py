@@ -383,6 +383,17 @@ def test_a_run_records_the_data_it_loaded(tmp_path):
 
 
 # ----------------------------------------------------------------------------- validation before any write
+def test_a_number_in_exponent_form_is_a_number_in_configs_and_overrides():
+    """PyYAML (YAML 1.1) reads "1e-4" as a string, so `--set train.lr=1e-4` (and a study's LR check
+    at 1e-6) was refused as "must be a number"; it is the float YAML 1.2 reads. A string stays a string."""
+    from mlresearch.checkpoint import parse_yaml
+    from mlresearch.training.config import load_config
+
+    assert parse_yaml("a: 1e-4\nb: -2E+3\nc: 1.5e-2\nd: '1e-4'\ne: 1e\nf: 10\n") == \
+        {"a": 1e-4, "b": -2000.0, "c": 0.015, "d": "1e-4", "e": "1e", "f": 10}
+    assert load_config(SMOKE, ["train.lr=1e-4"]).train.lr == 1e-4
+
+
 def test_a_key_given_twice_is_refused_in_every_file_we_read(tmp_path, capsys):
     from mlresearch.checkpoint import parse_json, parse_yaml
     from mlresearch.operators import Scheme

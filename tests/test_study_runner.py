@@ -241,7 +241,7 @@ def test_a_dry_run_says_it_would_write_the_tuning_table(tmp_path, warm_launches,
 def test_the_frontier_and_regime_stages(tmp_path, warm_launches, capsys):
     """The baseline at 0.5x and 1.0x of its steps, the small shape alone at 0.5x and 1.0x of its FLOPs,
     each schedule decayed to zero at its own end; points the study already has are copied, not
-    retrained; an LR check at the lowest budget is recorded but never a frontier point; every method
+    retrained; an LR check at the lowest budget that loses on the tuning split is recorded but never a frontier point; every method
     run is read against its seed's frontier (recomputed here from the closed form; the pairing of
     seeds is tests/test_frontier.py's). The regime stage (same runs): one row per seed in regime.csv
     (another experiment's rows kept), the word-order gain cached beside each run and kept from the
@@ -257,7 +257,7 @@ def test_the_frontier_and_regime_stages(tmp_path, warm_launches, capsys):
                  runs={"small": {"method": "small", "equal_flops": True, "main": True},
                        "paper": {"method": "vcycle", "main": True},
                        "small-width": {"method": "small", "equal_flops": True, "set": ["vcycle.scheme=width-only"]}},
-                 best=None, frontier={"budgets": [0.5, 1.0], "small_budgets": [0.5, 1.0], "check_lr": [0.01]},
+                 best=None, frontier={"budgets": [0.5, 1.0], "small_budgets": [0.5, 1.0], "check_lr": [1e-6]},
                  regime=True)
     runs, home = tmp_path / "runs", tmp_path / "runs" / "gpt2_smoke-frontier"
     (runs / "tables").mkdir(parents=True)
@@ -265,7 +265,7 @@ def test_the_frontier_and_regime_stages(tmp_path, warm_launches, capsys):
     run_study(path, "all")
     points = pd.read_csv(runs / "tables" / "frontier.csv")
     assert len(points) == 2 + 2 * 2 + 1 and (points.role == "lr check").sum() == 1
-    assert sorted(points[points.role == "lr check"].lr) == [0.01]
+    assert sorted(points[points.role == "lr check"].lr) == [1e-6]  # (a 3-step run at 1e-6 barely moves: it loses)
     for p in points.itertuples():
         run = runs / p.run
         rows = [r for r in read_metrics(run) if "lr" in r]

@@ -87,8 +87,9 @@ def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str, h
             continue
         g = part.groupby("budget").agg(flops=("flops", "mean"), loss=("val_loss", "mean"), lo=("val_loss", "min"),
                                        hi=("val_loss", "max"), seeds=("seed", "nunique")).sort_index()
-        seeds = int(g.seeds.min())
-        ax.plot(g.flops, g.loss, style, color=colour, lw=2, ms=4, label=f"{name} ({seeds} seed{'s' * (seeds > 1)})")
+        lo, hi = int(g.seeds.min()), int(g.seeds.max())  # a budget still running has fewer seeds so far
+        seeds = f"{hi} seed{'s' * (hi > 1)}" if lo == hi else f"{lo}-{hi} seeds by budget"
+        ax.plot(g.flops, g.loss, style, color=colour, lw=2, ms=4, label=f"{name} ({seeds})")
         ax.fill_between(g.flops, g.lo, g.hi, color=colour, alpha=0.15, lw=0)
     rows = runs[runs.experiment == experiment]
     keys = ["method", "levels", "scheme", "alpha", "optimizer", "budget"]
