@@ -191,6 +191,27 @@ def test_the_frontier_figure_draws_each_small_shape_alone_as_its_own_curve():
     assert any(label.startswith("baseline") and label.endswith("(1 seed)") for label in labels), labels
 
 
+def test_the_frontier_figure_marks_a_seeds_dominated_point_and_only_that_one():
+    """Seed 1's last point ends above its own cheaper one (3.35 > 3.3): it stays in the mean curve
+    (what ran) and is marked where it lies; seed 0's same budget, below its own cheaper points, is not."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from mlresearch.analysis.plots import frontier_figure
+
+    base = _points({0: [3.6, 3.4, 3.3, 3.25], 1: [3.7, 3.5, 3.3, 3.35]})
+    base = base.assign(budget=base.flops / 1e12, shape="2L/128d/4h")
+    runs = pd.DataFrame(columns=["experiment", "method", "levels", "scheme", "alpha", "optimizer", "budget", "run",
+                                 "method_total_flops", "method_full_val_loss"])
+    lines = frontier_figure(base, runs, "e").axes[0].get_lines()
+    marked = [(list(line.get_xdata()), list(line.get_ydata())) for line in lines if "not on its frontier" in line.get_label()]
+    assert marked == [([POINTS[3][0]], [3.35])]
+    curve = next(line for line in lines if line.get_label().startswith("baseline (full shape)"))
+    assert list(curve.get_ydata()) == pytest.approx([3.65, 3.45, 3.3, 3.3])
+    clean = frontier_figure(base[base.seed == 0], runs, "e").axes[0].get_lines()
+    assert not [line for line in clean if "not on its frontier" in line.get_label()]
+
+
 def test_the_docs_frontier_table_is_every_point_where_its_seed_and_column_say():
     """The generated frontier tables of the docs: a cell per (seed, method + shape + budget), the
     baseline's columns first, a point missing on a seed a dash, the LR check's point (judged on the

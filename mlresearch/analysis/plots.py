@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
+from ..frontier import dominated
 from ..study import variant_name
 from ..training.methods import METHODS
 
@@ -91,6 +92,11 @@ def frontier_figure(points: pd.DataFrame, runs: pd.DataFrame, experiment: str, h
         seeds = f"{hi} seed{'s' * (hi > 1)}" if lo == hi else f"{lo}-{hi} seeds by budget"
         ax.plot(g.flops, g.loss, style, color=colour, lw=2, ms=4, label=f"{name} ({seeds})")
         ax.fill_between(g.flops, g.lo, g.hi, color=colour, alpha=0.15, lw=0)
+        off = [row for _, one in part.sort_values("flops").groupby("seed")  # in the mean, not in its seed's frontier
+               for row, out in zip(one.itertuples(), dominated(list(one.val_loss))) if out]
+        if off:
+            ax.plot([r.flops for r in off], [r.val_loss for r in off], "x", color=colour, ms=7, mew=1.5,
+                    label=f"{name.split(',')[0]}: a seed's point above a cheaper one of its own, not on its frontier")
     rows = runs[runs.experiment == experiment]
     keys = ["method", "levels", "scheme", "alpha", "optimizer", "budget"]
     groups = list(rows.groupby(keys, dropna=False))
