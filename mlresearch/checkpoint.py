@@ -201,11 +201,16 @@ def load_state(directory: str | os.PathLike) -> dict:
     directory = Path(directory)
     if not (directory / STATE_JSON).is_file():
         return _load_legacy_state(directory / LEGACY_STATE)
+    import torch
     from safetensors.torch import load_file
 
     try:
         doc = json.loads((directory / STATE_JSON).read_text())
-        tensors = load_file(str(directory / STATE_TENSORS))
+        # Copied out of the file's mapping, where safetensors leaves each tensor at its offset (4-byte
+        # aligned): an optimizer's moments are then updated in memory aligned like the uninterrupted
+        # run's, as the model's weights are (_in_own_memory), and the file is not held open.
+        tensors = {k: v.clone(memory_format=torch.contiguous_format)
+                   for k, v in load_file(str(directory / STATE_TENSORS)).items()}
         return _decode(doc, tensors)
     except Exception as exc:  # truncated, corrupt or missing files
         raise _unreadable(directory, exc) from exc

@@ -31,6 +31,18 @@ def test_mapped_models_save_and_load(family, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
 
 
+def test_a_loaded_training_state_is_in_aligned_memory_of_its_own(tmp_path):
+    """The optimizer's moments are updated in place after a resume: they must not stay where
+    safetensors maps them (a 3-float tensor before a 1,000-float one puts that one at a 4-byte offset)."""
+    from mlresearch.checkpoint import load_state, save_state
+
+    state = {"moments": [torch.arange(3.0), torch.arange(1000.0)], "step": 7}
+    save_state(tmp_path, state)
+    loaded = load_state(tmp_path)
+    assert loaded["step"] == 7 and all(torch.equal(a, b) for a, b in zip(loaded["moments"], state["moments"]))
+    assert all(t.data_ptr() % 64 == 0 for t in loaded["moments"])
+
+
 def test_hf_models_round_trip_through_from_pretrained(tmp_path):
     from transformers import GPT2LMHeadModel
 
