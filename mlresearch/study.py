@@ -193,6 +193,25 @@ def _collect(results: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _one_control(df: pd.DataFrame, keys: list[str]) -> tuple[pd.Series, pd.Series]:
+    """Each run's small-model control and where it stands, one control per variant: a seed reads
+    against its run's own smallest shape once that shape's frontier exists *on that seed*, else
+    against the regime check's, so while a control's frontier is still running a variant's seeds
+    can differ. Their gaps are not averaged together: the variant keeps its own shape's control
+    (the seeds without that frontier yet read "without one"), or the one every seed shares."""
+    control, where = df["small_control"].copy(), df["small_flops_range"].copy()
+    own = df["smallest_shape"] if "smallest_shape" in df else pd.Series(None, index=df.index)
+    for _, rows in df.groupby(keys, dropna=False).groups.items():
+        named = control.loc[rows].dropna()
+        if named.nunique() < 2:
+            continue
+        mine = named[named == own.loc[named.index]]
+        keep = mine.iloc[0] if len(mine) else named.iloc[0]
+        other = [i for i in rows if control[i] != keep]
+        where.loc[other], control.loc[other] = "no frontier", keep
+    return control, where
+
+
 def variants(df: pd.DataFrame) -> pd.DataFrame:
     """Mean and spread over seeds for each experiment x variant."""
     if df.empty:
@@ -226,6 +245,9 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
     out["method_flops_over_baseline"] = out["method_total_flops"] / g["baseline_total_flops"].mean()
     out["final_val_loss_gap_cell"] = g["final_val_loss_gap"].apply(  # mean ± sd over the seeds with a finite loss
         lambda v: spread_cell(v.dropna(), ["in range"] * v.notna().sum(), 3) if v.notna().any() else "-")
+    if "small_control" in df:  # one small-model control per variant (see _one_control)
+        df["small_control"], df["small_flops_range"] = _one_control(df, keys)
+        g = df.groupby(keys, dropna=False)
     if "loss_range" in df:  # against the annealed frontier of each run's seed (mlresearch.frontier)
         for col, where, digits in (("saved_pct", "loss_range", 1), ("speedup_pct", "loss_range", 1),
                                    ("loss_gap", "flops_range", 3), ("small_loss_gap", "small_flops_range", 3)):
@@ -234,7 +256,7 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
                     d[c], d[w], k, d[f"{c}_bound"] if f"{c}_bound" in d else None), include_groups=False)
                 inside = df[df[where] == "in range"].groupby(keys, dropna=False)[col]
                 out[f"{col}_mean"], out[f"{col}_sd"] = inside.mean(), inside.std()
-        if "small_control" in df:  # the shape its small-model control was (every seed's is the same)
+        if "small_control" in df:  # the shape its small-model control was (the same for every seed read)
             out["small_control"] = g["small_control"].first()
         out["tokens_per_parameter"] = g["tokens_per_parameter"].mean()
         out["tokens_per_non_embedding_parameter"] = g["tokens_per_non_embedding_parameter"].mean()

@@ -164,6 +164,29 @@ def test_each_run_is_read_against_the_small_shape_it_trained_else_the_regime_con
     assert list(s.small_loss_gap) == pytest.approx([3.3 - 3.8] * 3) and list(s.small_control) == [""] * 3
 
 
+def test_a_variants_seeds_are_never_averaged_over_two_small_controls():
+    """While a shape's own control frontier exists on seed 0 only, seed 0 reads against it (2L/64d/2h)
+    and seeds 1, 2 against the regime check's (1L/64d/2h): the variant's cell is seed 0's gap alone,
+    the other seeds "without one", never the mean of gaps to two different models. A variant whose
+    seeds share a control is read over all of them."""
+    from mlresearch.study import markdown, variants
+
+    def run(method, seed, gap, control):
+        return {"experiment": "e", "method": method, "levels": 2, "scheme": "-", "alpha": "-", "optimizer": "-",
+                "budget": "preset", "seed": seed, "reached": False, "task": "causal_lm", "baseline_total_flops": 1e12,
+                "method_total_flops": 0.8e12, "loss_range": "in range", "flops_range": "in range", "saved_pct": 1.0,
+                "speedup_pct": 1.0, "loss_gap": 0.1, "smallest_shape": "2L/64d/2h" if method == "staged" else "1L/64d/2h",
+                "small_loss_gap": gap, "small_control": control, "small_flops_range": "in range"}
+
+    rows = [run("staged", 0, 0.06, "2L/64d/2h"), run("staged", 1, -1.4, "1L/64d/2h"), run("staged", 2, -2.7, "1L/64d/2h"),
+            *(run("vcycle", seed, gap, "1L/64d/2h") for seed, gap in ((0, 0.2), (1, 0.4), (2, 0.3)))]
+    table = variants(pd.DataFrame(rows)).set_index("method")
+    assert table.small_loss_gap_cell["staged"] == "+0.060 (1/3 seeds; 2 without one)"
+    assert table.small_control["staged"] == "2L/64d/2h"
+    assert table.small_loss_gap_cell["vcycle"] == "+0.300 ± 0.100" and table.small_control["vcycle"] == "1L/64d/2h"
+    assert "+0.060 (1/3 seeds; 2 without one) (2L/64d/2h)" in markdown(table.reset_index())
+
+
 def test_the_frontier_figure_draws_each_small_shape_alone_as_its_own_curve():
     """Two small-model controls (1L/64d/2h on 2 budgets; 2L/64d/2h, 1.0x only): two curves, each
     the mean of its own shape's points, never one averaged across shapes at a shared budget."""
