@@ -227,6 +227,8 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
         if c not in df:
             df[c] = None
     df[floats] = df[floats].astype(float)
+    if "small_control" in df:  # one small-model control per variant (see _one_control)
+        df["small_control"], df["small_flops_range"] = _one_control(df, keys)
     g = df.groupby(keys, dropna=False)
     out = g.agg(seeds=("seed", "nunique"), reached=("reached", "sum"),
                 flops_saving_pct=("flops_saving_pct", "mean"), flops_saving_std=("flops_saving_pct", "std"),
@@ -245,9 +247,6 @@ def variants(df: pd.DataFrame) -> pd.DataFrame:
     out["method_flops_over_baseline"] = out["method_total_flops"] / g["baseline_total_flops"].mean()
     out["final_val_loss_gap_cell"] = g["final_val_loss_gap"].apply(  # mean ± sd over the seeds with a finite loss
         lambda v: spread_cell(v.dropna(), ["in range"] * v.notna().sum(), 3) if v.notna().any() else "-")
-    if "small_control" in df:  # one small-model control per variant (see _one_control)
-        df["small_control"], df["small_flops_range"] = _one_control(df, keys)
-        g = df.groupby(keys, dropna=False)
     if "loss_range" in df:  # against the annealed frontier of each run's seed (mlresearch.frontier)
         for col, where, digits in (("saved_pct", "loss_range", 1), ("speedup_pct", "loss_range", 1),
                                    ("loss_gap", "flops_range", 3), ("small_loss_gap", "small_flops_range", 3)):
