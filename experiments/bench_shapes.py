@@ -10,7 +10,8 @@ table`` then models each run's training wall time as sum(steps x seconds per ste
 shape, run as it ran) beside the measured one. Nothing else may run while this does.
 
 With ``--executions``, every shape is also timed under each execution ``train.speed`` can choose
-(compiled or eager, AdamW's fused kernel or not, on a CPU the process's threads or one;
+(compiled or eager, AdamW's fused kernel or not, on a CPU the process's threads or one, GPT-2's
+GELU as transformers' python composition or PyTorch's kernel;
 :mod:`mlresearch.training.speed`) and the table
 printed per shape: seconds per step and achieved GFLOP/s eager and under its fastest execution, and
 that rate over the full shape's eager rate (issue: small phases at full speed; goal >= 85%, the full
@@ -44,7 +45,7 @@ from mlresearch.training.config import SPEEDS
 from mlresearch.training.engine import Ledger, MetricsLog, RunState, train_phase
 from mlresearch.training.flops import peak_flops, train_flops_per_example
 from mlresearch.training.phase import Phase
-from mlresearch.training.speed import splits_head
+from mlresearch.training.speed import composed_gelus, splits_head
 from mlresearch.training.methods import METHODS, planned_ledger
 from mlresearch.training.models import build_model, data_settings, model_sizes
 
@@ -147,6 +148,11 @@ def main() -> None:
                          f"not this {device}: write this machine's to another table (--table)")
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
     data = load_data(cfg.task, data_settings(cfg), cfg.seed)
+    if not composed_gelus(build_model(cfg, data.vocab_size or None, data.special, device="meta")):
+        if args.executions != "all" and any("nativegelu" in e for e in executions):
+            raise SystemExit(f"--executions: +nativegelu replaces a GELU transformers composes in python; "
+                             f"{cfg.model.family} models here have none")
+        executions = [e for e in executions if "nativegelu" not in e]
     rows, rates = [], {}
     for key, sizes in shapes.items():
         seq = task_of(cfg.task).seq_len(cfg)

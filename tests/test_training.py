@@ -548,7 +548,8 @@ def train_losses(run):
 
 
 def test_every_execution_trains_the_eager_model_within_fp32_tolerance(tmp_path, monkeypatch):
-    """Compiled or not, AdamW's fused kernel or not, the process's threads or one: the same 50 steps
+    """Compiled or not, AdamW's fused kernel or not, the process's threads or one, GPT-2's GELU as
+    transformers composes it or as PyTorch's kernel: the same 50 steps
     within FP32 of eager's losses (the presets have no dropout: a compiled model would draw its own
     dropout masks), the choice recorded, a one-thread phase's steps on one thread and the process's
     count back after it."""
@@ -560,27 +561,37 @@ def test_every_execution_trains_the_eager_model_within_fp32_tolerance(tmp_path, 
     names = [Execution(c, f, n).name for n in (None, 1) for c in (False, True) for f in (False, True)]
     graphs = [Execution(True, f, graphs=True).name for f in (False, True)]
     masked = [Execution(False, f, n, masked_head=True).name for n in (None, 1) for f in (False, True)]
-    assert set(SPEEDS) == {*names, *graphs, *masked, "auto"}
-    assert all(Execution.parse(n).name == n for n in names + graphs + masked)
+    native = [Execution(False, f, n, masked_head=m, native_gelu=True).name
+              for n in (None, 1) for f in (False, True) for m in (False, True)]
+    assert set(SPEEDS) == {*names, *graphs, *masked, *native, "auto"} and len(SPEEDS) == len(set(SPEEDS))
+    assert all(Execution.parse(n).name == n for n in names + graphs + masked + native)
     assert Execution.parse("eager+fused+maskedhead+1thread") == Execution(False, True, 1, masked_head=True)
+    assert Execution.parse("eager+fused+nativegelu+1thread") == Execution(False, True, 1, native_gelu=True)
     assert Execution.parse("compiled+fused+1thread") == Execution(True, True, 1)
     assert Execution.parse("compiled+graphs+fused").compile_options == {"mode": "reduce-overhead"}
     assert Execution.parse("compiled").compile_options == {} and Execution.parse("eager+fused").compile_options is None
     assert Execution.parse("eager+4threads").threads == 4
     for bad in ("eager+fused+1threads", "eager+1thread+fused", "eager+0threads", "fused", "eager+", "eager+graphs",
-                "compiled+fused+graphs", "compiled+maskedhead", "eager+maskedhead+fused"):
+                "compiled+fused+graphs", "compiled+maskedhead", "eager+maskedhead+fused", "compiled+nativegelu",
+                "eager+nativegelu+maskedhead", "eager+nativegelu+fused"):
         with pytest.raises(ValueError, match="an execution is eager or compiled"):
             Execution.parse(bad)
     threads, seen = torch.get_num_threads(), []
     accumulate = engine.accumulate
     monkeypatch.setattr(engine, "accumulate", lambda *a, **k: seen.append(torch.get_num_threads()) or accumulate(*a, **k))
-    for name in [*names[1:4], "eager+1thread", "compiled+fused+1thread", "compiled+graphs+fused"]:
+    from transformers.activations import GELUTanh
+
+    kernel, forward = [], GELUTanh.forward
+    monkeypatch.setattr(GELUTanh, "forward", lambda self, x: kernel.append(1) or forward(self, x))
+    for name in [*names[1:4], "eager+1thread", "compiled+fused+1thread", "compiled+graphs+fused", "eager+nativegelu"]:
         seen.clear()
         run = run_method(smoke("gpt2", *SPEED_RUN, f"train.speed={name}"), "baseline", tmp_path / name)
         assert abs(run["final_full_val"]["val_loss"] - eager["final_full_val"]["val_loss"]) <= FP32, name
         assert np.allclose(train_losses(tmp_path / name), train_losses(tmp_path / "eager"), rtol=0, atol=FP32), name
         assert run["execution"] == {"baseline": name} == RunRecord.read(tmp_path / name).execution
         assert set(seen) == {Execution.parse(name).threads or threads} and torch.get_num_threads() == threads, name
+        assert bool(kernel) == ("nativegelu" in name), name  # (GPT-2's GELU ran as PyTorch's kernel, or never did)
+        kernel.clear()
     with pytest.raises(ConfigError, match="train.speed must be 'eager', 'eager.fused', 'compiled', 'compiled.fused', "
                                           "'compiled.graphs', .*'eager.1thread', .* or 'auto', got 'fast'"):
         smoke("gpt2", "train.speed=fast")
@@ -680,8 +691,13 @@ def test_auto_takes_the_fastest_measured_execution_once_per_shape(tmp_path, monk
     try:  # one thread is a candidate on a CPU whose process has more, CUDA graphs on a GPU; a phase with masks
         torch.set_num_threads(2)  # is never compiled
         masked = {e for e in SPEEDS if "maskedhead" in e}  # (a masked LM's: not GPT-2's)
-        assert {e.name for e in speed.candidates(plain, cfg, cpu)} == set(SPEEDS) - {"auto"} - graphs - masked
-        assert {e.name for e in speed.candidates(plain, smoke("bert"), cpu)} == set(SPEEDS) - {"auto"} - graphs
+        native = {e for e in SPEEDS if "nativegelu" in e}  # (a model's with a composed GELU: GPT-2's, not BERT's)
+        assert {e.name for e in speed.candidates(plain, cfg, cpu)} == set(SPEEDS) - {"auto"} - graphs - masked - native
+        assert ({e.name for e in speed.candidates(plain, cfg, cpu, model=FACTORIES["gpt2"]())}
+                == set(SPEEDS) - {"auto"} - graphs - masked)
+        for model in (None, FACTORIES["bert"]()):
+            assert ({e.name for e in speed.candidates(plain, smoke("bert"), cpu, model=model)}
+                    == set(SPEEDS) - {"auto"} - graphs - native)
         assert not any(e.masked_head for e in speed.candidates(plain, smoke("bert"), cpu, processes=2))
         assert not any(e.masked_head for e in speed.candidates(Phase("k", 1, 10, 1e-3, 0, teacher=(0.5, 5, None)),
                                                                smoke("bert"), cpu))
@@ -739,6 +755,36 @@ def test_masked_lm_head_at_the_masked_positions_only_keeps_the_loss(tmp_path, mo
     with pytest.raises(ConfigError, match="train.speed: eager.maskedhead runs a masked LM's output layer at the "
                                           "masked positions only; gpt2 models .causal_lm. have no head to run apart"):
         smoke("gpt2", "train.speed=eager+maskedhead")
+
+
+def test_native_gelu_is_gpt2s_gelu_and_the_composition_is_put_back():
+    """``+nativegelu`` swaps GPT-2's python-composed GELU (``gelu_new``) for PyTorch's kernel: the
+    same values and gradients as the composition's over [-8, 8] (within 1e-12 in float64, 2e-6 in fp32:
+    measured 5e-15 and 1.1e-6), the same model loss (within 1e-6) and
+    state dict, and the composition's own modules back in place after the block that swapped them.
+    (50 steps under it stay within FP32 of eager: the every-execution test.)"""
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    from mlresearch.training.speed import activations_restored, composed_gelus, use_native_gelu
+
+    for dtype, tolerance in ((torch.float64, 1e-12), (torch.float32, 2e-6)):  # (the same function; fp32 rounding)
+        x = torch.linspace(-8, 8, 4001, dtype=dtype).requires_grad_()
+        composed, (g_composed,) = NewGELUActivation()(x), torch.autograd.grad(NewGELUActivation()(x).sum(), x)
+        native, (g_native,) = GELUTanh()(x), torch.autograd.grad(GELUTanh()(x).sum(), x)
+        assert torch.allclose(composed, native, rtol=0, atol=tolerance), dtype
+        assert torch.allclose(g_composed, g_native, rtol=0, atol=tolerance), dtype
+    model = FACTORIES["gpt2"]()
+    sites = composed_gelus(model)
+    assert len(sites) == model.config.n_layer and all(type(m) is NewGELUActivation for *_, m in sites)
+    batch = example_input(model)
+    before, state = loss_of(model, batch).item(), {k: v.clone() for k, v in model.state_dict().items()}
+    with activations_restored(model):
+        use_native_gelu(model)
+        assert not composed_gelus(model) and sum(isinstance(m, GELUTanh) for m in model.modules()) == len(sites)
+        assert abs(loss_of(model, batch).item() - before) <= 1e-6
+        assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items()) and model.state_dict().keys() == state.keys()
+    assert [m for *_, m in composed_gelus(model)] == [m for *_, m in sites]  # the same modules, back
+    assert not composed_gelus(FACTORIES["bert"]())  # (BERT's GELU is PyTorch's exact one already)
 
 
 def test_every_phase_of_a_compiled_run_compiles_afresh(tmp_path):

@@ -65,11 +65,13 @@ class ModelConfig:
 # train.speed (training/speed.py): one execution for every phase, or "auto", each phase's measured fastest
 # (+1thread: the phase on one intra-op thread, for shapes too small to split across cores; +graphs: a GPU
 # replays each step as CUDA graphs, for shapes bound by kernel launches; +maskedhead: a masked LM's output layer
-# at the masked positions only)
+# at the masked positions only; +nativegelu: PyTorch's kernel for GELU's tanh form where transformers composes it)
 SPEEDS = ("eager", "eager+fused", "compiled", "compiled+fused", "compiled+graphs", "compiled+graphs+fused",
           "eager+1thread", "eager+fused+1thread", "compiled+1thread", "compiled+fused+1thread",
           "eager+maskedhead", "eager+fused+maskedhead", "eager+maskedhead+1thread", "eager+fused+maskedhead+1thread",
-          "auto")
+          "eager+nativegelu", "eager+fused+nativegelu", "eager+nativegelu+1thread", "eager+fused+nativegelu+1thread",
+          "eager+maskedhead+nativegelu", "eager+fused+maskedhead+nativegelu", "eager+maskedhead+nativegelu+1thread",
+          "eager+fused+maskedhead+nativegelu+1thread", "auto")
 
 
 @dataclass

@@ -35,7 +35,8 @@ from ..faults import fault_point
 from ..tasks import task_of
 from .config import RunConfig
 from .flops import eval_flops_per_example, peak_flops, train_flops_per_example
-from .speed import EAGER, Execution, OutputAtMaskedPositions, candidates, choose, intra_op_threads, trial_key
+from .speed import (EAGER, Execution, OutputAtMaskedPositions, activations_restored, candidates, choose,
+                    intra_op_threads, trial_key, use_native_gelu)
 from .phase import Phase
 
 
@@ -267,8 +268,9 @@ def train_phase(
     ``teacher`` to distil from, masks that ramp) is :class:`PhaseExtras`. With ``resume`` a phase
     starts where its checkpoint left off, and one whose checkpoint says it finished trains no step:
     it hands on the model and optimizer the checkpoint holds (this is the one place a run resumes).
-    An execution (``train.speed``) may run the phase on fewer threads; the process's count is back after."""
-    with intra_op_threads(None):
+    An execution (``train.speed``) may run the phase on fewer threads or with other activation modules;
+    the process's count and ``model``'s modules are back after."""
+    with intra_op_threads(None), activations_restored(model):
         return _train_phase(model, optimizer, phase, data, cfg, accelerator, run_state, ckpt_dir, resume, teacher)
 
 
@@ -295,6 +297,8 @@ def _train_phase(model, optimizer, phase: Phase, data: Data, cfg: RunConfig, acc
     else:
         execution = _execution(model, optimizer, phase, cfg, data, accelerator, micro, run_state.log, progress.start)
         compiled = execution.compile_options
+    if execution.native_gelu:
+        use_native_gelu(model)
     model, optimizer, scheduler, raw, sharded = _distribute(model, optimizer, scheduler, phase, cfg, accelerator,
                                                             compiled)
     if execution.masked_head:  # (offered on one process only: ``model`` is ``raw`` itself)
@@ -564,11 +568,13 @@ def _execution(model: nn.Module, optimizer, phase: Phase, cfg: RunConfig, data: 
         execution, trial = _choose_execution(model, phase, cfg, data, accelerator, micro)
     else:
         execution = Execution.parse(cfg.train.speed)
-        allowed = candidates(phase, cfg, accelerator.device, accelerator.num_processes)
+        allowed = candidates(phase, cfg, accelerator.device, accelerator.num_processes, model)
         if not any(option.compile for option in allowed):
             execution = replace(execution, compile=False, graphs=False)  # (a phase never compiled runs eager)
         if not any(option.masked_head for option in allowed):
             execution = replace(execution, masked_head=False)  # (nor one whose head cannot run apart)
+        if not any(option.native_gelu for option in allowed):
+            execution = replace(execution, native_gelu=False)  # (nor one whose GELU is a kernel already)
         trial = {**asdict(execution), "execution": execution.name}
     execution.set_kernel(optimizer)
     if execution.threads is not None:
@@ -592,6 +598,8 @@ def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data
         trial = copy.deepcopy(model).train()
         optimizer = new_optimizer(trial, cfg, phase.lr)
         execution.set_kernel(optimizer)
+        if execution.native_gelu:
+            use_native_gelu(trial)
         runner = trial if execution.compile_options is None else compile_afresh(trial, execution.compile_options)
         if execution.masked_head:
             runner = OutputAtMaskedPositions(trial)
@@ -611,7 +619,7 @@ def _choose_execution(model: nn.Module, phase: Phase, cfg: RunConfig, data: Data
     saved = rng.state_dict()  # the trial draws dropout masks: the run's next draws stay its own
     try:
         key = trial_key(model, cfg, data, accelerator.device, micro, accelerator.num_processes)
-        return choose(candidates(phase, cfg, accelerator.device, accelerator.num_processes), key, measure,
+        return choose(candidates(phase, cfg, accelerator.device, accelerator.num_processes, model), key, measure,
                       accelerator)
     finally:
         rng.load_state_dict(saved)

@@ -6,7 +6,8 @@ shape and by machine (on the same 2-core CPU, ``torch.compile`` made GPT-2's 1L/
 faster in one probe and no faster in another; docs/speed.md). So the choice is made per shape, by
 measurement: each candidate :class:`Execution` (eager or compiled, AdamW's multi-tensor or fused
 kernel, on a CPU all the process's threads or one, for a masked LM its output layer at every
-position or at the masked ones only) trains a copy of the phase's model for a few
+position or at the masked ones only, for a model whose GELU transformers composes in python that
+composition or PyTorch's own kernel for it) trains a copy of the phase's model for a few
 steps on the run's own batches, and the fastest per step is used. The trial touches nothing of
 the run (its model, optimizer, data position and random generators are as before) and is cached by
 shape, batch, device, threads and library versions in ``<data cache>/speed.json`` (JSON), so a
@@ -29,6 +30,7 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
+from transformers import activations
 
 from ..checkpoint import atomic_write_text
 from ..data.datasets import Data
@@ -50,19 +52,24 @@ class Execution:
     for every shape: docs/speed.md). ``masked_head``: a masked LM's output layer (and its softmax)
     only at the masked positions, the only ones its loss reads (:class:`OutputAtMaskedPositions`; the
     ledger still charges the head at every position, as the paper's count does); eager only, as the
-    number of masked positions changes every step."""
+    number of masked positions changes every step. ``native_gelu``: GELU's tanh form, which
+    transformers composes in python for GPT-2 (``gelu_new``: about eight elementwise passes forward
+    and more backward), as PyTorch's one kernel (transformers' ``GELUTanh``, the same function within
+    fp32 rounding; :func:`use_native_gelu`); eager only, as compilation fuses the composition itself."""
 
     compile: bool = False
     fused: bool = False
     threads: int | None = None
     graphs: bool = False
     masked_head: bool = False
+    native_gelu: bool = False
 
     @property
     def name(self) -> str:
         threads = "" if self.threads is None else f"+{self.threads}thread" + ("s" if self.threads > 1 else "")
         return (("compiled" if self.compile else "eager") + ("+graphs" if self.graphs else "")
-                + ("+fused" if self.fused else "") + ("+maskedhead" if self.masked_head else "") + threads)
+                + ("+fused" if self.fused else "") + ("+maskedhead" if self.masked_head else "")
+                + ("+nativegelu" if self.native_gelu else "") + threads)
 
     @property
     def compile_options(self) -> dict | None:
@@ -72,16 +79,19 @@ class Execution:
     @classmethod
     def parse(cls, name: str) -> "Execution":
         """The execution ``name`` names: eager or compiled (compiled maybe "+graphs"), then maybe
-        "+fused", then (eager) maybe "+maskedhead", then maybe "+1thread" ("+Nthreads"), e.g.
-        "compiled+graphs+fused" or "eager+fused+maskedhead"."""
-        match = re.fullmatch(r"(eager|compiled)(\+graphs)?(\+fused)?(\+maskedhead)?(?:\+(\d+)threads?)?", name)
+        "+fused", then (eager) maybe "+maskedhead", then (eager) maybe "+nativegelu", then maybe
+        "+1thread" ("+Nthreads"), e.g. "compiled+graphs+fused" or "eager+fused+nativegelu"."""
+        match = re.fullmatch(r"(eager|compiled)(\+graphs)?(\+fused)?(\+maskedhead)?(\+nativegelu)?(?:\+(\d+)threads?)?",
+                             name)
         execution = match and cls(compile=match[1] == "compiled", fused=bool(match[3]),
-                                  threads=int(match[5]) if match[5] else None, graphs=bool(match[2]),
-                                  masked_head=bool(match[4]))
+                                  threads=int(match[6]) if match[6] else None, graphs=bool(match[2]),
+                                  masked_head=bool(match[4]), native_gelu=bool(match[5]))
         if (not execution or execution.name != name or execution.threads == 0
-                or (execution.graphs and not execution.compile) or (execution.masked_head and execution.compile)):
+                or (execution.graphs and not execution.compile)
+                or ((execution.masked_head or execution.native_gelu) and execution.compile)):
             raise ValueError(f"an execution is eager or compiled (compiled+graphs: CUDA graphs), then +fused or "
-                             f"not, then (eager) +maskedhead or not, then +1thread (+Nthreads) or not; got {name!r}")
+                             f"not, then (eager) +maskedhead or not, then (eager) +nativegelu or not, then +1thread "
+                             f"(+Nthreads) or not; got {name!r}")
         return execution
 
     def set_kernel(self, optimizer: torch.optim.Optimizer) -> None:
@@ -98,14 +108,16 @@ class Execution:
 EAGER = Execution()
 
 
-def candidates(phase: Phase, cfg: RunConfig, device: torch.device, processes: int = 1) -> list[Execution]:
+def candidates(phase: Phase, cfg: RunConfig, device: torch.device, processes: int = 1,
+               model: nn.Module | None = None) -> list[Execution]:
     """What a phase may run as. Not compiled: a phase whose masks ramp (MSG: the mask's value would
     recompile every step) or that distils from a teacher, and one sharded with FSDP. On one thread
     as well as the process's: a phase on a CPU whose process has more than one. With CUDA graphs
     as well as without: a compiled phase on a GPU. With the output layer at the masked positions
     only as well as at every one: an eager phase of a family that splits off its head, on one
     process (DDP and FSDP wrap the whole model's forward, which the split would bypass), with no
-    teacher (whose loss reads the logits at every predicted position)."""
+    teacher (whose loss reads the logits at every predicted position). With PyTorch's GELU kernel as
+    well as transformers' composition: an eager phase of a ``model`` that has such a composition."""
     compilable = phase.masks is None and phase.teacher is None and not cfg.train.fsdp
     fewer = device.type == "cpu" and torch.get_num_threads() > 1
     compiled = ([Execution(True), Execution(True, graphs=True)] if device.type == "cuda" else [Execution(True)]
@@ -113,6 +125,8 @@ def candidates(phase: Phase, cfg: RunConfig, device: torch.device, processes: in
     eager = [Execution()]
     if splits_head(cfg) and processes == 1 and phase.teacher is None and not cfg.train.fsdp:
         eager.append(Execution(masked_head=True))
+    if model is not None and composed_gelus(model):
+        eager += [replace(e, native_gelu=True) for e in eager]
     return [replace(e, fused=f, threads=n) for n in ((None, 1) if fewer else (None,))
             for e in [*eager, *compiled] for f in (False, True)]
 
@@ -140,6 +154,37 @@ class OutputAtMaskedPositions(nn.Module):
         chosen = labels != -100
         logits = self.head(hidden[chosen])
         return SimpleNamespace(loss=nn.functional.cross_entropy(logits.float(), labels[chosen]))
+
+
+# transformers' python compositions of GELU's tanh form, 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))): the
+# function its GELUTanh computes with PyTorch's kernel (its docstring: "equivalent ... but much faster")
+COMPOSED_GELUS = (activations.NewGELUActivation, activations.FastGELUActivation, activations.AccurateGELUActivation)
+
+
+def composed_gelus(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute, module) of every composed GELU in ``model`` (GPT-2's ``gelu_new``, one per block)."""
+    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+            if isinstance(child, COMPOSED_GELUS)]
+
+
+def use_native_gelu(model: nn.Module) -> None:
+    """Put transformers' ``GELUTanh`` (``F.gelu(approximate="tanh")``) in place of every composed GELU
+    of ``model``. The modules hold no parameters or buffers, so its state dict, checkpoints and saved
+    config are the same; :func:`activations_restored` puts the composition back."""
+    for parent, name, _ in composed_gelus(model):
+        setattr(parent, name, activations.GELUTanh())
+
+
+@contextmanager
+def activations_restored(model: nn.Module):
+    """``model``'s composed GELUs are back in place after the block, whatever it swapped: an execution
+    holds for one phase, and the next phase's may be plain eager."""
+    sites = composed_gelus(model)
+    try:
+        yield
+    finally:
+        for parent, name, module in sites:
+            setattr(parent, name, module)
 
 
 @contextmanager
