@@ -28,7 +28,7 @@ import os
 import platform
 import statistics
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -81,21 +81,34 @@ def timing_config(config: Path, sets: list[str] = ()):
                                 "train.checkpoint_every=1000000000", "train.log_every=1000000000"])
 
 
+@dataclass
+class StepWalls(Ledger):
+    """The engine's ledger, keeping each step's wall time as well (the engine adds it to ``wall`` once
+    a step), so a phase's first steps can be left out of its timing: a compiled phase compiles
+    afresh in its first step (``compile_afresh``), which a second phase after a warm one would charge
+    to the timed steps."""
+
+    walls: list = field(default_factory=list)
+
+    def __setattr__(self, name, value):
+        if name == "wall" and "walls" in self.__dict__:
+            self.walls.append(value - self.wall)
+        super().__setattr__(name, value)
+
+
 def seconds_per_step(cfg, sizes, data, steps: int, warmup: int, execution: str = "eager") -> float:
+    """Mean seconds per step over ``steps`` steps of one phase, after its first ``warmup`` (not timed)."""
     from accelerate import Accelerator
 
     cfg = replace(cfg, train=replace(cfg.train, speed=execution))
     model = build_model(cfg, data.vocab_size or None, data.special, sizes=sizes).train()
     with tempfile.TemporaryDirectory() as tmp:
-        ledger = Ledger()
+        ledger = StepWalls()
         state = RunState(ledger, MetricsLog(Path(tmp) / "metrics.jsonl"))
-        run = lambda n, name: train_phase(model, None, Phase(name, 1, n, cfg.train.lr, min(cfg.train.warmup, n)),  # noqa: E731
-                                          data, cfg, Accelerator(cpu=not torch.cuda.is_available()), state,
-                                          Path(tmp) / "ck")
-        model, _ = run(warmup, "warm")
-        before = ledger.wall
-        run(steps, "timed")
-        return (ledger.wall - before) / steps
+        train_phase(model, None, Phase("timed", 1, warmup + steps, cfg.train.lr, min(cfg.train.warmup, warmup + steps)),
+                    data, cfg, Accelerator(cpu=not torch.cuda.is_available()), state, Path(tmp) / "ck")
+        assert len(ledger.walls) == warmup + steps, "a step's wall time was not charged once"
+        return sum(ledger.walls[warmup:]) / steps
 
 
 def main() -> None:

@@ -604,11 +604,23 @@ def test_bench_shapes_plans_under_sets_and_reports_a_failing_execution(tmp_path,
     planned under --set (GPT-2-124M's V-cycle halves 12L/768d to 6L/384d), and an execution the
     machine cannot run is one printed line while the others are timed and written; the GPU check
     script parses."""
+    from mlresearch.data.datasets import load_data
+    from mlresearch.training.models import data_settings, model_sizes
+
     monkeypatch.syspath_prepend(str(REPO / "experiments"))
     import bench_shapes
 
     sets = ["model.layers=12", "model.heads=12", "model.hidden=768"]
     assert {"12L/768d/12h", "6L/384d/6h"} <= set(bench_shapes.config_shapes(CONFIGS / "gpt2_tiny.yaml", sets))
+
+    # A phase's steps each charge their wall time once; the first ``warmup`` of them are left out.
+    walls = bench_shapes.StepWalls()
+    walls.wall += 2.0
+    walls.wall += 0.5
+    assert walls.walls == [2.0, 0.5] and walls.wall == 2.5
+    cfg = bench_shapes.timing_config(CONFIGS / "gpt2_smoke.yaml")
+    data = load_data(cfg.task, data_settings(cfg), cfg.seed)
+    assert bench_shapes.seconds_per_step(cfg, model_sizes(cfg), data, 2, 1) > 0
 
     def fake(cfg, sizes, data, steps, warmup, execution="eager"):
         if execution == "compiled+fused":
