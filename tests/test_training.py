@@ -797,6 +797,10 @@ def test_native_gelu_is_gpt2s_gelu_and_the_composition_is_put_back():
         assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items()) and model.state_dict().keys() == state.keys()
     assert [m for *_, m in composed_gelus(model)] == [m for *_, m in sites]  # the same modules, back
     assert not composed_gelus(FACTORIES["bert"]())  # (BERT's GELU is PyTorch's exact one already)
+    # The engine imports transformers only when it builds or inspects a model: a notebook that imports
+    # the analysis (and through it the engine) would otherwise print tqdm's widget warning.
+    probe = "import sys, mlresearch.analysis.plots, mlresearch.training.engine; print('transformers' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO).stdout.strip() == "False"
 
 
 def test_every_phase_of_a_compiled_run_compiles_afresh(tmp_path):

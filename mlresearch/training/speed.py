@@ -30,7 +30,6 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
-from transformers import activations
 
 from ..checkpoint import atomic_write_text
 from ..data.datasets import Data
@@ -156,23 +155,26 @@ class OutputAtMaskedPositions(nn.Module):
         return SimpleNamespace(loss=nn.functional.cross_entropy(logits.float(), labels[chosen]))
 
 
-# transformers' python compositions of GELU's tanh form, 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))): the
-# function its GELUTanh computes with PyTorch's kernel (its docstring: "equivalent ... but much faster")
-COMPOSED_GELUS = (activations.NewGELUActivation, activations.FastGELUActivation, activations.AccurateGELUActivation)
-
-
 def composed_gelus(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
-    """(parent, attribute, module) of every composed GELU in ``model`` (GPT-2's ``gelu_new``, one per block)."""
+    """(parent, attribute, module) of every composed GELU in ``model`` (GPT-2's ``gelu_new``, one per
+    block): transformers' python compositions of GELU's tanh form, 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))),
+    the function its ``GELUTanh`` computes with PyTorch's kernel (its docstring: "equivalent ... but much
+    faster")."""
+    from transformers import activations  # (here: importing the engine, or a notebook, does not import transformers)
+
+    composed = (activations.NewGELUActivation, activations.FastGELUActivation, activations.AccurateGELUActivation)
     return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-            if isinstance(child, COMPOSED_GELUS)]
+            if isinstance(child, composed)]
 
 
 def use_native_gelu(model: nn.Module) -> None:
     """Put transformers' ``GELUTanh`` (``F.gelu(approximate="tanh")``) in place of every composed GELU
     of ``model``. The modules hold no parameters or buffers, so its state dict, checkpoints and saved
     config are the same; :func:`activations_restored` puts the composition back."""
+    from transformers.activations import GELUTanh
+
     for parent, name, _ in composed_gelus(model):
-        setattr(parent, name, activations.GELUTanh())
+        setattr(parent, name, GELUTanh())
 
 
 @contextmanager
