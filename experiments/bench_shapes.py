@@ -30,7 +30,7 @@ import statistics
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import pandas as pd
 import torch
@@ -90,21 +90,16 @@ class StepWalls(Ledger):
     to the timed steps."""
 
     walls: list = field(default_factory=list)
+    # called as each step's wall time is charged (a profiler's step); not a field, so the ledger's
+    # state (a checkpoint's copy) stays plain numbers
+    on_step: ClassVar[Callable[[], None] | None] = None
 
     def __setattr__(self, name, value):
         if name == "wall" and "walls" in self.__dict__:
             self.walls.append(value - self.wall)
-            if self.__dict__.get("on_step") is not None:
+            if self.on_step is not None:
                 self.on_step()
         super().__setattr__(name, value)
-
-    @classmethod
-    def calling(cls, on_step: Callable[[], None] | None) -> "StepWalls":
-        """A ledger that calls ``on_step()`` as each step's wall time is charged (a profiler's step);
-        not a field, so the ledger's state (a checkpoint's copy) stays plain numbers."""
-        ledger = cls()
-        object.__setattr__(ledger, "on_step", on_step)
-        return ledger
 
 
 def seconds_per_step(cfg, sizes, data, steps: int, warmup: int, execution: str = "eager", on_step=None) -> float:
@@ -115,7 +110,8 @@ def seconds_per_step(cfg, sizes, data, steps: int, warmup: int, execution: str =
     cfg = replace(cfg, train=replace(cfg.train, speed=execution))
     model = build_model(cfg, data.vocab_size or None, data.special, sizes=sizes).train()
     with tempfile.TemporaryDirectory() as tmp:
-        ledger = StepWalls.calling(on_step)
+        ledger = StepWalls()
+        ledger.on_step = on_step
         state = RunState(ledger, MetricsLog(Path(tmp) / "metrics.jsonl"))
         train_phase(model, None, Phase("timed", 1, warmup + steps, cfg.train.lr, min(cfg.train.warmup, warmup + steps)),
                     data, cfg, Accelerator(cpu=not torch.cuda.is_available()), state, Path(tmp) / "ck")

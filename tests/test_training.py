@@ -620,7 +620,9 @@ def test_bench_shapes_plans_under_sets_and_reports_a_failing_execution(tmp_path,
     assert walls.walls == [2.0, 0.5] and walls.wall == 2.5
     cfg = bench_shapes.timing_config(CONFIGS / "gpt2_smoke.yaml")
     data = load_data(cfg.task, data_settings(cfg), cfg.seed)
-    assert bench_shapes.seconds_per_step(cfg, model_sizes(cfg), data, 2, 1) > 0
+    steps = []
+    assert bench_shapes.seconds_per_step(cfg, model_sizes(cfg), data, 2, 1, on_step=lambda: steps.append(1)) > 0
+    assert len(steps) == 3  # (profile_shape's profiler is stepped once a step)
 
     def fake(cfg, sizes, data, steps, warmup, execution="eager"):
         if execution == "compiled+fused":
